@@ -1,0 +1,140 @@
+"""The public WTConv function: argument checks and the choice of backend.
+
+``wtconv2d`` is what :class:`wtconvnext.layers.WTConv2d` calls. The backend is chosen per call:
+
+- ``'triton'``: the fused Triton kernels (:mod:`wtconvnext.ops.wtconv_triton`), a ``torch.library`` custom op with
+  its own autograd. Runs on CUDA tensors, and on CPU tensors when ``TRITON_INTERPRET=1`` is set.
+- ``'reference'``: the pure-PyTorch reference (:mod:`wtconvnext.ops.reference`), differentiable through autograd.
+- ``'auto'`` (default): Triton for CUDA tensors when Triton is importable, the reference otherwise.
+
+The default comes from the environment variable ``WTCONVNEXT_BACKEND`` (``auto`` | ``triton`` | ``reference``),
+read at each call so tests and scripts can switch it; a per-call / per-layer ``backend`` argument wins over it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .reference import wtconv2d_reference
+
+__all__ = ["wtconv2d", "check_layer_args", "check_wtconv_inputs", "resolve_backend", "BACKENDS"]
+
+BACKENDS = ("auto", "triton", "reference")
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def check_layer_args(
+    in_channels: int, out_channels: int, kernel_size: int, stride: int, wt_levels: int, wt_type: str
+) -> None:
+    """Raise ValueError for constructor arguments the layer does not support."""
+    if wt_type != "db1":
+        raise ValueError(f"WTConv2d supports only the Haar wavelet wt_type='db1', got wt_type={wt_type!r}")
+    if in_channels != out_channels:
+        raise ValueError(
+            f"WTConv2d is depthwise: in_channels must equal out_channels, got {in_channels} and {out_channels}"
+        )
+    if in_channels < 1:
+        raise ValueError(f"WTConv2d needs in_channels >= 1, got {in_channels}")
+    if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
+        raise ValueError(
+            f"WTConv2d needs an odd integer kernel_size >= 1 ('same' padding is symmetric only for odd K), "
+            f"got {kernel_size!r}"
+        )
+    if not isinstance(stride, int) or stride < 1:
+        raise ValueError(f"WTConv2d needs an integer stride >= 1, got {stride!r}")
+    if not isinstance(wt_levels, int) or wt_levels < 0:
+        raise ValueError(f"WTConv2d needs an integer wt_levels >= 0, got {wt_levels!r}")
+
+
+def check_wtconv_inputs(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    base_scale: Tensor,
+    wavelet_weight: Tensor,
+    wavelet_scale: Tensor,
+    stride: int,
+) -> None:
+    """Raise a ValueError naming the problem when the arguments of :func:`wtconv2d` do not fit together."""
+    if x.dim() != 4:
+        raise ValueError(f"WTConv2d expects a 4-D input (B, C, H, W), got shape {tuple(x.shape)}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"WTConv2d supports float32, float16, bfloat16 and float64 inputs, got {x.dtype}")
+    c = x.shape[1]
+    if weight.dim() != 4 or weight.shape[0] != c or weight.shape[1] != 1 or weight.shape[2] != weight.shape[3]:
+        raise ValueError(
+            f"WTConv2d input has {c} channels but the base weight has shape {tuple(weight.shape)} "
+            f"(expected ({c}, 1, K, K))"
+        )
+    k = weight.shape[-1]
+    if k % 2 == 0:
+        raise ValueError(f"WTConv2d needs an odd kernel size, got K={k}")
+    if wavelet_weight.dim() != 5 or tuple(wavelet_weight.shape[1:]) != (c, 4, k, k):
+        raise ValueError(
+            f"WTConv2d wavelet_weight has shape {tuple(wavelet_weight.shape)}, expected (L, {c}, 4, {k}, {k})"
+        )
+    levels = wavelet_weight.shape[0]
+    if tuple(wavelet_scale.shape) != (levels, c, 4):
+        raise ValueError(f"WTConv2d wavelet_scale has shape {tuple(wavelet_scale.shape)}, expected ({levels}, {c}, 4)")
+    if tuple(base_scale.shape) != (c,):
+        raise ValueError(f"WTConv2d base_scale has shape {tuple(base_scale.shape)}, expected ({c},)")
+    if bias is not None and tuple(bias.shape) != (c,):
+        raise ValueError(f"WTConv2d bias has shape {tuple(bias.shape)}, expected ({c},)")
+    if not isinstance(stride, int) or stride < 1:
+        raise ValueError(f"WTConv2d needs an integer stride >= 1, got {stride!r}")
+    for name, t in (("weight", weight), ("bias", bias), ("base_scale", base_scale),
+                    ("wavelet_weight", wavelet_weight), ("wavelet_scale", wavelet_scale)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"WTConv2d input is on {x.device} but {name} is on {t.device}")
+
+
+def resolve_backend(x: Tensor, backend: Optional[str] = None) -> str:
+    """Pick 'triton' or 'reference' for input ``x`` (see the module docstring)."""
+    choice = backend if backend is not None else os.environ.get("WTCONVNEXT_BACKEND", "auto")
+    choice = choice.lower()
+    if choice not in BACKENDS:
+        raise ValueError(f"WTConv backend must be one of {BACKENDS}, got {choice!r}")
+    if choice == "auto":
+        if x.is_cuda and x.dtype != torch.float64:
+            from . import wtconv_triton
+
+            if wtconv_triton.TRITON_AVAILABLE:
+                return "triton"
+        return "reference"
+    return choice
+
+
+def wtconv2d(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    base_scale: Tensor,
+    wavelet_weight: Tensor,
+    wavelet_scale: Tensor,
+    stride: int = 1,
+    backend: Optional[str] = None,
+) -> Tensor:
+    """Wavelet convolution (Haar), forward and backward.
+
+    Shapes as in :func:`wtconvnext.ops.reference.wtconv2d_reference`. Under autocast the weights are cast to the
+    autocast dtype, as for a convolution.
+
+    Args:
+        x: (B, C, H, W) input, any memory format; the output keeps it.
+        weight, bias, base_scale, wavelet_weight, wavelet_scale: the layer's parameters.
+        stride: output subsampling factor.
+        backend: 'auto', 'triton' or 'reference'; None reads ``WTCONVNEXT_BACKEND``.
+
+    Returns:
+        (B, C, ceil(H / stride), ceil(W / stride)).
+    """
+    check_wtconv_inputs(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+    if resolve_backend(x, backend) == "triton":
+        from .wtconv_triton import wtconv2d_triton
+
+        return wtconv2d_triton(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+    return wtconv2d_reference(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
