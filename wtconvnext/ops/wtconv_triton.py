@@ -1,6 +1,156 @@
-"""Fused Triton WTConv (work in progress in this commit: the kernels land next)."""
+"""The fused WTConv as ``torch.library`` custom ops, with autograd, fake (meta) kernels and autocast.
+
+``torch.compile(fullgraph=True)`` sees two opaque ops, ``wtconvnext::wtconv2d`` and
+``wtconvnext::wtconv2d_backward``, and never breaks the graph. The forward saves only x (and the parameters);
+the backward recomputes the low-pass pyramid of x instead of storing coefficients.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
 try:
     import triton  # noqa: F401
+
     TRITON_AVAILABLE = True
-except ImportError:  # pragma: no cover
+except ImportError:  # pragma: no cover - triton ships with the Linux torch wheels
     TRITON_AVAILABLE = False
+
+__all__ = ["TRITON_AVAILABLE", "wtconv2d_triton"]
+
+
+def _output_like(x: Tensor, stride: int) -> Tensor:
+    """Output buffer of shape (B, C, ceil(H/s), ceil(W/s)) in x's memory format (shared by real and fake kernels)."""
+    bsz, ch, h, w = x.shape
+    shape = (bsz, ch, -(-h // stride), -(-w // stride))
+    channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return torch.empty(shape, device=x.device, dtype=x.dtype, memory_format=fmt)
+
+
+def _grad_like(x: Tensor) -> Tensor:
+    return _output_like(x, 1)
+
+
+if TRITON_AVAILABLE:
+    from .triton_kernels import ll_pyramid, wtconv_forward, wtconv_weight_grads
+
+    @torch.library.custom_op("wtconvnext::wtconv2d", mutates_args=(), device_types=None)
+    def _wtconv2d_op(
+        x: Tensor,
+        weight: Tensor,
+        bias: Optional[Tensor],
+        base_scale: Tensor,
+        wavelet_weight: Tensor,
+        wavelet_scale: Tensor,
+        stride: int,
+    ) -> Tensor:
+        out = _output_like(x, stride)
+        levels = wavelet_weight.shape[0]
+        pyr = ll_pyramid(x, levels)
+        return wtconv_forward(
+            pyr, out, weight.contiguous(), None if bias is None else bias.contiguous(), base_scale.contiguous(),
+            wavelet_weight.contiguous(), wavelet_scale.contiguous(), stride,
+        )
+
+    @_wtconv2d_op.register_fake
+    def _(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
+        return _output_like(x, stride)
+
+    @torch.library.custom_op("wtconvnext::wtconv2d_backward", mutates_args=(), device_types=None)
+    def _wtconv2d_backward_op(
+        dy: Tensor,
+        x: Tensor,
+        weight: Tensor,
+        bias: Optional[Tensor],
+        base_scale: Tensor,
+        wavelet_weight: Tensor,
+        wavelet_scale: Tensor,
+        stride: int,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        bsz, ch, h, w = x.shape
+        levels, k = wavelet_weight.shape[0], weight.shape[-1]
+        weight, base_scale = weight.contiguous(), base_scale.contiguous()
+        wavelet_weight, wavelet_scale = wavelet_weight.contiguous(), wavelet_scale.contiguous()
+        if stride > 1:
+            # The stride subsamples the full-resolution output: its adjoint scatters dy back onto zeros.
+            dy_full = dy.new_zeros((bsz, ch, h, w))
+            dy_full[:, :, ::stride, ::stride] = dy
+            dy = dy_full
+        gpyr = ll_pyramid(dy, levels)
+        xpyr = ll_pyramid(x, levels)
+        # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
+        dx = wtconv_forward(gpyr, _grad_like(x), weight, None, base_scale, wavelet_weight, wavelet_scale, 1, flip=True)
+        level_corr, base_corr, dy_sum = wtconv_weight_grads(xpyr, gpyr, k, levels)
+        acc = base_corr.dtype
+        bs = base_scale.to(acc)
+        d_weight = (bs[:, None, None] * base_corr).unsqueeze(1)
+        d_base_scale = (weight[:, 0].to(acc) * base_corr).sum((1, 2))
+        if bias is not None:
+            d_base_scale = d_base_scale + bias.to(acc) * dy_sum
+        d_bias = bs * dy_sum
+        d_wavelet_weight = wavelet_scale.to(acc)[..., None, None] * level_corr
+        d_wavelet_scale = (wavelet_weight.to(acc) * level_corr).sum((-1, -2))
+        return (
+            dx,
+            d_weight.to(weight.dtype),
+            d_bias.to(bias.dtype if bias is not None else base_scale.dtype),
+            d_base_scale.to(base_scale.dtype),
+            d_wavelet_weight.to(wavelet_weight.dtype),
+            d_wavelet_scale.to(wavelet_scale.dtype),
+        )
+
+    @_wtconv2d_backward_op.register_fake
+    def _(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
+        return (
+            _grad_like(x),
+            torch.empty_like(weight, memory_format=torch.contiguous_format),
+            torch.empty_like(bias if bias is not None else base_scale, memory_format=torch.contiguous_format),
+            torch.empty_like(base_scale, memory_format=torch.contiguous_format),
+            torch.empty_like(wavelet_weight, memory_format=torch.contiguous_format),
+            torch.empty_like(wavelet_scale, memory_format=torch.contiguous_format),
+        )
+
+    def _setup_context(ctx, inputs, output):
+        x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride = inputs
+        ctx.save_for_backward(x, weight, bias, base_scale, wavelet_weight, wavelet_scale)
+        ctx.stride = stride
+        ctx.has_bias = bias is not None
+
+    def _backward(ctx, dy):
+        x, weight, bias, base_scale, wavelet_weight, wavelet_scale = ctx.saved_tensors
+        dx, dw, db, dbs, dww, dws = _wtconv2d_backward_op(
+            dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, ctx.stride
+        )
+        return dx, dw, (db if ctx.has_bias else None), dbs, dww, dws, None
+
+    _wtconv2d_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def wtconv2d_triton(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    base_scale: Tensor,
+    wavelet_weight: Tensor,
+    wavelet_scale: Tensor,
+    stride: int = 1,
+) -> Tensor:
+    """Fused Triton WTConv (arguments as :func:`wtconvnext.ops.wtconv2d`, which checks them).
+
+    Under autocast, x and every parameter are cast to the autocast dtype first, as a convolution does; the kernels
+    accumulate in fp32 and store in that dtype.
+    """
+    if not TRITON_AVAILABLE:
+        raise RuntimeError("the 'triton' WTConv backend needs the triton package, which is not installed")
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        x = x.to(dtype)
+        weight, base_scale = weight.to(dtype), base_scale.to(dtype)
+        bias = bias.to(dtype) if bias is not None else None
+        wavelet_weight, wavelet_scale = wavelet_weight.to(dtype), wavelet_scale.to(dtype)
+    return _wtconv2d_op(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
