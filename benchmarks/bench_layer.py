@@ -1,0 +1,159 @@
+"""Layer-level benchmark: fused WTConv vs the reference path vs PyTorch's depthwise convs, side by side.
+
+Usage (any CUDA GPU)::
+
+    python benchmarks/bench_layer.py [--out results/layer.json] [--dtypes fp32 bf16] [--quick]
+
+For every WTConvNeXt-T stage shape at B=128 and a high-resolution one, in each dtype, it times forward and
+forward + backward (median of ``triton.testing.do_bench``) and measures the peak memory of forward + backward
+(``max_memory_allocated`` above what was allocated before), then prints a table with the ratios to the faster
+layout of depthwise 7x7 (cuDNN) and writes everything as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from wtconvnext.ops import wtconv2d  # noqa: E402
+
+SHAPES = [  # B, C, H, W, levels
+    (128, 96, 56, 56, 5),
+    (128, 192, 28, 28, 4),
+    (128, 384, 14, 14, 3),
+    (128, 768, 7, 7, 2),
+    (16, 96, 128, 128, 5),
+]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _bench(fn, warmup: int = 25, rep: int = 100) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def _peak_mb(fn) -> float:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def _cases(b, c, h, w, levels, dtype, k=5):
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, device=dev, generator=g) * scale).to(dtype)
+
+    x = rnd(b, c, h, w)
+    dy = rnd(b, c, h, w)
+    p = [rnd(c, 1, k, k, scale=0.1), rnd(c, scale=0.1), 1 + rnd(c, scale=0.1), rnd(levels, c, 4, k, k, scale=0.1),
+         0.1 + rnd(levels, c, 4, scale=0.01)]
+    dw7 = [rnd(c, 1, 7, 7, scale=0.1), rnd(c, scale=0.1)]
+    dw5 = [rnd(c, 1, 5, 5, scale=0.1), rnd(c, scale=0.1)]
+    cl = torch.channels_last
+    cases = {}
+
+    def wt(backend, fmt):
+        xi = x.contiguous(memory_format=fmt).requires_grad_()
+        dyi = dy.contiguous(memory_format=fmt)
+        ps = [t.detach().requires_grad_() for t in p]
+        fwd = lambda: wtconv2d(xi, *ps, stride=1, backend=backend)  # noqa: E731
+        return fwd, (lambda: torch.autograd.grad(fwd(), [xi, *ps], dyi)), xi
+
+    def dw(wb, fmt):
+        xi = x.contiguous(memory_format=fmt).requires_grad_()
+        dyi = dy.contiguous(memory_format=fmt)
+        ws = [t.detach().requires_grad_() for t in wb]
+        kk = ws[0].shape[-1]
+        fwd = lambda: F.conv2d(xi, ws[0], ws[1], padding=kk // 2, groups=c)  # noqa: E731
+        return fwd, (lambda: torch.autograd.grad(fwd(), [xi, *ws], dyi)), xi
+
+    cases["wtconv_triton_nchw"] = wt("triton", torch.contiguous_format)
+    cases["wtconv_triton_cl"] = wt("triton", cl)
+    cases["wtconv_reference"] = wt("reference", torch.contiguous_format)
+    cases["dw7_nchw"] = dw(dw7, torch.contiguous_format)
+    cases["dw7_cl"] = dw(dw7, cl)
+    cases["dw5_nchw"] = dw(dw5, torch.contiguous_format)
+    cases["dw5_cl"] = dw(dw5, cl)
+    return cases
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="results/layer.json")
+    ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions, and skip the slow reference path")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_layer.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import triton
+
+    torch.backends.cudnn.benchmark = True
+    rep = 40 if args.quick else 100
+    rows = []
+    for dname in args.dtypes:
+        dtype = DTYPES[dname]
+        for b, c, h, w, levels in SHAPES:
+            cases = _cases(b, c, h, w, levels, dtype)
+            for name, (fwd, fwdbwd, _) in cases.items():
+                if args.quick and name == "wtconv_reference":
+                    continue
+                fwdbwd()  # compile / autotune outside the timing
+                row = dict(dtype=dname, B=b, C=c, H=h, W=w, levels=levels, impl=name,
+                           fwd_ms=_bench(fwd, rep=rep), fwdbwd_ms=_bench(fwdbwd, rep=rep), peak_mb=_peak_mb(fwdbwd))
+                rows.append(row)
+            del cases
+            torch.cuda.empty_cache()
+
+    # Ratios against the faster layout of depthwise 7x7 in the same dtype and shape.
+    def key(r):
+        return (r["dtype"], r["B"], r["C"], r["H"], r["W"])
+
+    best_dw7 = {}
+    for r in rows:
+        if r["impl"].startswith("dw7"):
+            k = key(r)
+            if k not in best_dw7 or r["fwdbwd_ms"] < best_dw7[k]["fwdbwd_ms"]:
+                best_dw7[k] = r
+    for r in rows:
+        ref = best_dw7[key(r)]
+        r["fwdbwd_vs_best_dw7"] = r["fwdbwd_ms"] / ref["fwdbwd_ms"]
+        r["peak_vs_best_dw7"] = r["peak_mb"] / ref["peak_mb"] if ref["peak_mb"] > 0 else float("nan")
+        r["best_dw7_layout"] = ref["impl"]
+
+    env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+               cuda=torch.version.cuda, python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M:%S"))
+    print(f"# {env}")
+    hdr = f"{'dtype':5} {'shape (B,C,H,W,L)':22} {'impl':20} {'fwd ms':>8} {'f+b ms':>8} {'peak MB':>9} {'f+b/dw7*':>9} {'mem/dw7*':>9}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        shape = f"{r['B']},{r['C']},{r['H']},{r['W']},{r['levels']}"
+        print(f"{r['dtype']:5} {shape:22} {r['impl']:20} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} {r['peak_mb']:9.1f} "
+              f"{r['fwdbwd_vs_best_dw7']:9.2f} {r['peak_vs_best_dw7']:9.2f}")
+    print("* ratio to the faster layout of depthwise 7x7 (cuDNN) in the same dtype and shape")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(dict(env=env, rows=rows), indent=1))
+    tmp.replace(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# GPU tests and benchmarks in one go (for a CUDA machine with torch, triton, timm, safetensors and pytest installed).
+#   bash scripts/gpu_check.sh [OUTDIR] [tests|layer|model|all ...]
+# Writes the test log and the benchmark JSON / tables under OUTDIR (default results/gpu).
+# The golden data must be reachable: ../shared beside the repo, or WTCONVNEXT_SHARED=<dir holding golden/>.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-results/gpu}"; shift || true
+what="${*:-all}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+rc=0
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+"$py" -c 'import torch, triton, timm; print("torch", torch.__version__, "triton", triton.__version__, "timm", timm.__version__)' | tee -a "$out/gpu.txt"
+if [[ "$what" == *tests* || "$what" == all ]]; then
+  "$py" -m pytest -q -rs tests/test_ops_triton.py tests/gpu 2>&1 | tee "$out/gpu_tests.log" || rc=1
+fi
+if [[ "$what" == *layer* || "$what" == all ]]; then
+  "$py" benchmarks/bench_layer.py --out "$out/layer.json" 2>&1 | tee "$out/bench_layer.txt" || rc=1
+fi
+if [[ "$what" == *model* || "$what" == all ]]; then
+  "$py" benchmarks/bench_model.py --out "$out/model.json" 2>&1 | tee "$out/bench_model.txt" || rc=1
+fi
+exit $rc

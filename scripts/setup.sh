@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Set up a fresh machine for wtconvnext: a .venv at the repository root with PyTorch and the package (editable,
+# with the dev extras). Safe to re-run: an existing .venv is reused and pip skips what is already installed.
+#
+#   bash scripts/setup.sh            # then: .venv/bin/python -m pytest -q
+#
+# PYTHON (default python3) picks the interpreter that creates the venv.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv with $("$PYTHON" --version 2>&1)"
+    "$PYTHON" -m venv .venv
+fi
+
+# torch / torchvision first, pinned: these releases lie on the development machines' disk (pip is capped at them
+# there), and letting the project's torch range resolve them instead could pull a different multi-GB build.
+.venv/bin/python -m pip install --disable-pip-version-check -q "torch==2.14.1" "torchvision==0.29.1"
+.venv/bin/python -m pip install --disable-pip-version-check -q -e ".[dev]"
+.venv/bin/python -c "import torch, timm, wtconvnext; print(f'setup: torch {torch.__version__}, timm {timm.__version__}, wtconvnext {wtconvnext.__version__}')"

@@ -1,0 +1,69 @@
+"""Shared test set-up: seeding, thread count and the location of the golden data.
+
+The golden data lives in ``shared/golden``, which is not part of this repository. It is looked for, in order, in
+``$WTCONVNEXT_SHARED/golden``, then in ``shared/golden`` beside any parent of this file (a fresh clone in CI has
+``shared/`` as a sibling of the repository directory). Collection fails loudly when it is missing, rather than
+silently running no golden test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import wtconvnext  # noqa: F401  (registers the models with timm)
+
+
+def find_golden() -> Path:
+    """Return the golden data directory (see the module docstring)."""
+    env = os.environ.get("WTCONVNEXT_SHARED")
+    candidates = [Path(env) / "golden"] if env else []
+    candidates += [p / "shared" / "golden" for p in Path(__file__).resolve().parents]
+    for c in candidates:
+        if (c / "index.json").is_file():
+            return c
+    raise FileNotFoundError(
+        "golden data not found: set WTCONVNEXT_SHARED to the shared/ directory (looked in "
+        + ", ".join(str(c) for c in candidates) + ")"
+    )
+
+
+GOLDEN: Path = find_golden()
+GOLDEN_INDEX: dict[str, Any] = json.loads((GOLDEN / "index.json").read_text())
+
+
+def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Max abs error relative to the max abs of ``expected`` (robust to entries near zero), in float64."""
+    actual, expected = actual.detach().double(), expected.detach().double()
+    assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    scale = expected.abs().max().clamp_min(1e-30)
+    return ((actual - expected).abs().max() / scale).item()
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything() -> None:
+    random.seed(0)
+    torch.manual_seed(0)
+    try:
+        import numpy as np
+
+        np.random.seed(0)
+    except ImportError:  # numpy is optional here
+        pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_threads() -> None:
+    # CI has 2 cores; more threads than cores only adds contention for these small shapes.
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="session")
+def golden_dir() -> Path:
+    return GOLDEN

@@ -1,0 +1,190 @@
+"""GPU-only tests of the fused WTConv at real sizes (skipped without CUDA).
+
+Run on a CUDA machine with ``bash scripts/gpu_check.sh`` (which also runs tests/test_ops_triton.py on the GPU and the
+benchmarks), or ``python -m pytest -q tests/gpu``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+import timm  # noqa: E402
+
+import wtconvnext  # noqa: E402,F401  (registers the models)
+from wtconvnext.ops import wtconv2d  # noqa: E402
+
+pytestmark = [pytest.mark.triton, pytest.mark.gpu]
+
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+
+STAGES = [(128, 96, 56, 56, 5), (128, 192, 28, 28, 4), (128, 384, 14, 14, 3), (128, 768, 7, 7, 2)]
+
+
+def _params(c, k, levels, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def r(*shape, scale=1.0, shift=0.0):
+        return (torch.randn(*shape, device="cuda", generator=g, dtype=torch.float64) * scale + shift).to(dtype)
+
+    return [r(c, 1, k, k, scale=0.2), r(c, scale=0.1), r(c, scale=0.3, shift=1.0), r(levels, c, 4, k, k, scale=0.2),
+            r(levels, c, 4, scale=0.5)]
+
+
+def _fwd_bwd(x, params, dy, backend, stride=1):
+    x = x.detach().requires_grad_()
+    ps = [p.detach().requires_grad_() for p in params]
+    y = wtconv2d(x, *ps, stride=stride, backend=backend)
+    grads = torch.autograd.grad(y, [x, *ps], dy)
+    return [y.detach(), *grads]
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("shape", STAGES, ids=lambda s: "C{}_H{}_L{}".format(s[1], s[2], s[4]))
+@pytest.mark.parametrize("fmt", ["nchw", "cl"])
+def test_stage_shapes_fp32_vs_float64(shape, fmt):
+    b, c, h, w, levels = shape
+    params = _params(c, 5, levels, torch.float32)
+    x = torch.randn(b, c, h, w, device="cuda")
+    dy = torch.randn(b, c, h, w, device="cuda")
+    if fmt == "cl":
+        x, dy = x.to(memory_format=torch.channels_last), dy.to(memory_format=torch.channels_last)
+    out = _fwd_bwd(x, params, dy, "triton")
+    exact = _fwd_bwd(x.double(), [p.double() for p in params], dy.double(), "reference")
+    for name, o, e in zip(["y", "dx", "dw", "db", "dbs", "dww", "dws"], out, exact):
+        assert torch.isfinite(o).all(), name
+        assert _rel(o, e) <= 1e-5, (name, _rel(o, e))
+    if fmt == "cl":
+        assert out[0].is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_stage_shapes_low_precision(dtype):
+    """Error vs float64 within 2x that of the reference computed in the same dtype (plus a small floor)."""
+    for b, c, h, w, levels in STAGES:
+        b = 16
+        params = _params(c, 5, levels, torch.float32, seed=c)
+        x = torch.randn(b, c, h, w, device="cuda")
+        dy = torch.randn(b, c, h, w, device="cuda")
+        exact = _fwd_bwd(x.double(), [p.double() for p in params], dy.double(), "reference")
+        low = [p.to(dtype) for p in params]
+        out = _fwd_bwd(x.to(dtype), low, dy.to(dtype), "triton")
+        same = _fwd_bwd(x.to(dtype), low, dy.to(dtype), "reference")
+        for name, o, e, s in zip(["y", "dx", "dw", "db", "dbs", "dww", "dws"], out, exact, same):
+            assert _rel(o, e) <= 2 * _rel(s, e) + 2e-3, (c, name, _rel(o, e), _rel(s, e))
+
+
+def test_weight_grads_bitwise_deterministic():
+    b, c, h, w, levels = STAGES[0]
+    params = _params(c, 5, levels, torch.float32)
+    x = torch.randn(b, c, h, w, device="cuda")
+    dy = torch.randn(b, c, h, w, device="cuda")
+    first = _fwd_bwd(x, params, dy, "triton")
+    for _ in range(2):
+        again = _fwd_bwd(x, params, dy, "triton")
+        for a, b_ in zip(first, again):
+            assert torch.equal(a, b_)
+
+
+@pytest.mark.parametrize("fmt", ["nchw", "cl"])
+def test_past_2_pow_31_elements(fmt):
+    """Planes are independent: check the first and last planes against the reference run on those planes alone."""
+    if fmt == "nchw":
+        b, c, h, w = 2, 64, 4096, 4100  # 2.15e9 elements; plane offsets pass 2^31
+    else:
+        b, c, h, w = 1, 128, 4096, 4100  # channels_last: one image spans 2.15e9 elements (in-plane int64)
+    if torch.cuda.get_device_properties(0).total_memory < 40 * 2**30:
+        pytest.skip("needs 40 GB of GPU memory")
+    assert b * c * h * w > 2**31
+    dtype = torch.bfloat16
+    k, levels = 5, 3
+    params = _params(c, k, levels, dtype)
+    x = torch.empty(b, c, h, w, device="cuda", dtype=dtype,
+                    memory_format=torch.channels_last if fmt == "cl" else torch.contiguous_format)
+    x.normal_()
+    y = wtconv2d(x, *params, backend="triton")
+    for bi, ci in [(0, 0), (b - 1, c - 1)]:
+        xs = x[bi : bi + 1, ci : ci + 1].float()
+        ps = [params[0][ci : ci + 1].float(), params[1][ci : ci + 1].float(), params[2][ci : ci + 1].float(),
+              params[3][:, ci : ci + 1].float(), params[4][:, ci : ci + 1].float()]
+        ref = wtconv2d(xs, *ps, backend="reference")
+        assert _rel(y[bi : bi + 1, ci : ci + 1], ref) < 1e-2
+    del y
+    # The backward over the same tensor: dx of the last plane.
+    xg = x.requires_grad_()
+    yg = wtconv2d(xg, *params, backend="triton")
+    dy = torch.ones_like(yg)
+    (dx,) = torch.autograd.grad(yg, [xg], dy)
+    del yg, dy
+    xs = x[b - 1 :, c - 1 :].detach().float().requires_grad_()
+    ps = [params[0][c - 1 :].float(), params[1][c - 1 :].float(), params[2][c - 1 :].float(),
+          params[3][:, c - 1 :].float(), params[4][:, c - 1 :].float()]
+    (dref,) = torch.autograd.grad(wtconv2d(xs, *ps, backend="reference"), [xs], torch.ones(1, 1, h, w, device="cuda"))
+    assert _rel(dx[b - 1 :, c - 1 :], dref) < 1e-2
+
+
+def _train_steps(model, x, target, steps, autocast_dtype=None, scaler=None):
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+            loss = torch.nn.functional.cross_entropy(model(x), target)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("amp", [torch.bfloat16, torch.float16])
+def test_wtconvnext_tiny_amp_training_matches_fp32(amp):
+    torch.manual_seed(0)
+    ref = timm.create_model("wtconvnext_tiny", num_classes=10).cuda()
+    model = timm.create_model("wtconvnext_tiny", num_classes=10).cuda()
+    model.load_state_dict(ref.state_dict())
+    x = torch.randn(16, 3, 224, 224, device="cuda")
+    target = torch.randint(0, 10, (16,), device="cuda")
+    l32 = _train_steps(ref, x, target, 3)
+    scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
+    lamp = _train_steps(model, x, target, 3, amp, scaler)
+    for a, b in zip(lamp, l32):
+        assert abs(a - b) <= 2e-2 * max(1.0, abs(b)), (lamp, l32)
+    for p in model.parameters():
+        assert torch.isfinite(p).all()
+
+
+def test_wtconvnext_tiny_compile_fullgraph_equals_eager():
+    torch.manual_seed(0)
+    model = timm.create_model("wtconvnext_tiny", num_classes=10).cuda()
+    x = torch.randn(8, 3, 224, 224, device="cuda")
+    compiled = torch.compile(model, fullgraph=True)
+    y_eager = model(x)
+    g_eager = torch.autograd.grad(y_eager.square().sum(), list(model.parameters()))
+    y_comp = compiled(x)
+    g_comp = torch.autograd.grad(y_comp.square().sum(), list(model.parameters()))
+    assert _rel(y_comp, y_eager) < 1e-4
+    for a, b in zip(g_comp, g_eager):
+        assert _rel(a, b) < 1e-3
+
+
+def test_wtconvnext_tiny_channels_last_matches():
+    torch.manual_seed(0)
+    model = timm.create_model("wtconvnext_tiny", num_classes=10).cuda().eval()
+    x = torch.randn(4, 3, 224, 224, device="cuda")
+    with torch.no_grad():
+        y = model(x)
+        y_cl = model.to(memory_format=torch.channels_last)(x.to(memory_format=torch.channels_last))
+    assert _rel(y_cl, y) < 1e-5

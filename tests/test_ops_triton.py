@@ -1,0 +1,237 @@
+"""The fused Triton WTConv against the pure-PyTorch reference and the golden data.
+
+Marked ``triton``: on a machine with CUDA these run on the GPU; without one, conftest sets ``TRITON_INTERPRET=1``
+and they run the same kernels on CPU tensors (slowly, so shapes stay small here; tests/gpu/ runs real sizes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":
+    # Must be set before the kernels are first decorated (imported).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+else:
+    # The reference path runs cuDNN: keep TF32 out of the oracle.
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+from wtconvnext import WTConv2d  # noqa: E402
+from wtconvnext.ops import wtconv2d  # noqa: E402
+
+pytestmark = pytest.mark.triton
+
+
+def _golden_dir() -> Path:
+    if os.environ.get("WTCONVNEXT_SHARED"):
+        return Path(os.environ["WTCONVNEXT_SHARED"]) / "golden"
+    return Path(__file__).resolve().parents[2] / "shared" / "golden"
+
+
+GOLDEN_DIR = _golden_dir()
+
+
+def _params(c: int, k: int, levels: int, bias: bool, dtype: torch.dtype, device: str = DEVICE):
+    g = torch.Generator().manual_seed(c * 1000 + k * 10 + levels)
+
+    def r(*shape, lo=-1.0, hi=1.0):
+        return (torch.rand(*shape, generator=g, dtype=torch.float64) * (hi - lo) + lo).to(device, dtype)
+
+    # Scales far from 1 and of both signs, so a wrongly folded scale shows.
+    return [r(c, 1, k, k), r(c) if bias else None, r(c, lo=0.5, hi=2.0) * torch.where(r(c) > 0, 1, -1).to(dtype),
+            r(levels, c, 4, k, k), r(levels, c, 4, lo=-2.0, hi=2.0)]
+
+
+def _run(x, params, stride, backend, dy=None):
+    """Output and every gradient of sum(y * dy)."""
+    x = x.detach().clone().requires_grad_()
+    ps = [p.detach().clone().requires_grad_() if p is not None else None for p in params]
+    y = wtconv2d(x, *ps, stride=stride, backend=backend)
+    if dy is None:
+        dy = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7)).to(y.device, y.dtype)
+    (y * dy).sum().backward()
+    return [y, x.grad] + [p.grad for p in ps if p is not None], dy
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().cpu(), b.double().cpu()
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def _max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().cpu(), b.double().cpu()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
+
+
+NAMES = ["y", "dx", "dweight", "dbias", "dbase_scale", "dwavelet_weight", "dwavelet_scale"]
+
+
+def _golden_cases():
+    index = json.loads((GOLDEN_DIR / "index.json").read_text())
+    return [case["file"] for case in index["layers"]]
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("case", _golden_cases())
+def test_golden_layer_triton(case, dtype, tol):
+    from safetensors.torch import load_file
+
+    data = load_file(str(GOLDEN_DIR / case))
+    c = data["x"].shape[1]
+    k = data["param.base_conv.weight"].shape[-1]
+    levels = sum(1 for key in data if key.startswith("param.wavelet_convs."))
+    stride = int(case.rsplit("_s", 1)[1].split(".")[0])
+    layer = WTConv2d(c, c, k, stride=stride, wt_levels=levels, backend="triton").to(DEVICE, dtype)
+    layer.load_state_dict({key[6:]: v for key, v in data.items() if key.startswith("param.")})
+    x = data["x"].to(DEVICE, dtype).requires_grad_()
+    y = layer(x)
+    (y * data["dy"].to(DEVICE, dtype)).sum().backward()
+    assert _max_rel(y, data["y"]) <= tol
+    assert _max_rel(x.grad, data["dx"]) <= tol
+    ref_grads = {
+        "weight": data["grad.base_conv.weight"],
+        "bias": data["grad.base_conv.bias"],
+        "base_scale": data["grad.base_scale.weight"].reshape(c),
+        "wavelet_weight": torch.stack([data[f"grad.wavelet_convs.{i}.weight"].reshape(c, 4, k, k) for i in range(levels)]),
+        "wavelet_scale": torch.stack([data[f"grad.wavelet_scale.{i}.weight"].reshape(c, 4) for i in range(levels)]),
+    }
+    for name, ref in ref_grads.items():
+        assert _max_rel(getattr(layer, name).grad, ref) <= tol, name
+
+
+SHAPES = [
+    # B, C, H, W, K, L, stride, bias
+    (2, 3, 13, 10, 3, 2, 1, True),
+    (1, 2, 7, 7, 5, 2, 1, True),  # WTConvNeXt-T's last stage: 7 -> pad 8 -> 4
+    (1, 3, 9, 17, 7, 3, 1, False),
+    (1, 2, 6, 5, 1, 1, 1, True),
+    (2, 2, 11, 8, 3, 6, 1, True),  # more levels than the map can halve
+    (1, 2, 12, 9, 5, 2, 2, True),
+    (1, 1, 10, 7, 3, 3, 3, False),
+    (1, 2, 1, 1, 3, 2, 1, True),
+    (3, 2, 4, 9, 5, 0, 1, True),  # no levels: the base conv alone
+    (1, 1, 23, 6, 11, 2, 1, True),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}C{}H{}W{}K{}L{}s{}b{}".format(*s))
+def test_random_shapes_float64(shape):
+    b, c, h, w, k, levels, stride, bias = shape
+    params = _params(c, k, levels, bias, torch.float64)
+    x = torch.randn(b, c, h, w, dtype=torch.float64, device=DEVICE)
+    ref, dy = _run(x, params, stride, "reference")
+    out, _ = _run(x, params, stride, "triton", dy)
+    for name, r, o in zip([n for n in NAMES if bias or n != "dbias"], ref, out):
+        if levels == 0 and name.startswith("dwavelet"):
+            assert r is None and torch.count_nonzero(o) == 0
+            continue
+        assert _max_rel(o, r) <= 1e-10, name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(2, 3, 14, 11, 5, 3, 1, True), (1, 4, 7, 7, 5, 2, 1, True)],
+                         ids=["14x11", "7x7"])
+def test_dtypes(shape, dtype):
+    """fp32 within 1e-5 of float64; fp16/bf16 within ~2x the error of the reference computed in the same dtype."""
+    b, c, h, w, k, levels, stride, bias = shape
+    p64 = _params(c, k, levels, bias, torch.float64)
+    x64 = torch.randn(b, c, h, w, dtype=torch.float64, device=DEVICE)
+    exact, dy64 = _run(x64, p64, stride, "reference")
+    low = [p.to(dtype) if p is not None else None for p in p64]
+    out, _ = _run(x64.to(dtype), low, stride, "triton", dy64.to(dtype))
+    for t in out:
+        assert t.dtype == dtype
+    if dtype == torch.float32:
+        for name, e, o in zip(NAMES, exact, out):
+            assert _rel(o, e) <= 1e-5, name
+        return
+    ref_dev = DEVICE if DEVICE == "cuda" else "cpu"
+    same_dtype, _ = _run(x64.to(ref_dev, dtype), [p.to(ref_dev, dtype) for p in p64], stride, "reference",
+                         dy64.to(ref_dev, dtype))
+    atol = {torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+    for name, e, o, s in zip(NAMES, exact, out, same_dtype):
+        assert _rel(o, e) <= 2 * _rel(s, e) + atol, name
+
+
+def test_memory_formats_and_views():
+    c, k, levels = 3, 3, 2
+    params = _params(c, k, levels, True, torch.float32)
+    base = torch.randn(2, c, 12, 22, device=DEVICE)
+    ref, dy = _run(base, params, 1, "reference")
+    cl = base.to(memory_format=torch.channels_last)
+    out, _ = _run(cl, params, 1, "triton", dy)
+    y = wtconv2d(cl, *params, backend="triton")
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    for name, r, o in zip(NAMES, ref, out):
+        assert _rel(o, r) <= 1e-5, name
+    # A non-contiguous view: every other column of a wider tensor.
+    wide = torch.randn(2, c, 12, 44, device=DEVICE)
+    view = wide[:, :, :, ::2]
+    ref, dy = _run(view.contiguous(), params, 1, "reference")
+    out, _ = _run(view, params, 1, "triton", dy)
+    for name, r, o in zip(NAMES, ref, out):
+        assert _rel(o, r) <= 1e-5, name
+
+
+def test_weight_grads_deterministic():
+    c, k, levels = 4, 5, 3
+    params = _params(c, k, levels, True, torch.float32)
+    x = torch.randn(3, c, 16, 12, device=DEVICE)
+    first, dy = _run(x, params, 1, "triton")
+    second, _ = _run(x, params, 1, "triton", dy)
+    for name, a, b in zip(NAMES, first, second):
+        assert torch.equal(a, b), name
+
+
+def test_autocast_casts_like_a_conv():
+    c = 3
+    layer = WTConv2d(c, c, 3, wt_levels=2, backend="triton").to(DEVICE)
+    x = torch.randn(1, c, 10, 10, device=DEVICE, requires_grad=True)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert layer.wavelet_weight.grad.dtype == torch.float32
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_bad_input_is_rejected_before_launch():
+    layer = WTConv2d(4, 4, 3, wt_levels=1, backend="triton").to(DEVICE)
+    with pytest.raises(ValueError, match="4-D input"):
+        layer(torch.randn(4, 8, 8, device=DEVICE))
+    with pytest.raises(ValueError, match="has 3 channels"):
+        layer(torch.randn(1, 3, 8, 8, device=DEVICE))
+    with pytest.raises(ValueError, match="supports float32"):
+        layer(torch.ones(1, 4, 8, 8, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="backend must be one of"):
+        WTConv2d(4, 4, 3, backend="cuda-magic").to(DEVICE)(torch.randn(1, 4, 8, 8, device=DEVICE))
+
+
+def test_opcheck_and_compile():
+    """Fake kernels, schema and autograd registration are consistent; compile traces the layer with no graph break."""
+    c, k, levels = 2, 3, 2
+    params = _params(c, k, levels, True, torch.float32)
+    x = torch.randn(1, c, 9, 6, device=DEVICE, requires_grad=True)
+    ps = [p.requires_grad_() for p in params]
+    torch.library.opcheck(torch.ops.wtconvnext.wtconv2d.default, (x, *ps, 1),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+    layer = WTConv2d(c, c, k, wt_levels=levels, backend="triton").to(DEVICE)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    xe = torch.randn(2, c, 9, 6, device=DEVICE, requires_grad=True)
+    xc = xe.detach().clone().requires_grad_()
+    ye, yc = layer(xe), compiled(xc)
+    torch.testing.assert_close(yc, ye)
+    ye.square().sum().backward()
+    grads_eager = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    yc.square().sum().backward()
+    torch.testing.assert_close(xc.grad, xe.grad)
+    for a, b in zip(layer.parameters(), grads_eager):
+        torch.testing.assert_close(a.grad, b)
