@@ -34,10 +34,11 @@ import shutil
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -57,6 +58,7 @@ try:  # ModelEmaV3 (timm >= 1.0) takes the update count for decay warmup; V2 is 
     from timm.utils import ModelEmaV3 as ModelEma
 except ImportError:  # pragma: no cover - depends on the installed timm
     from timm.utils import ModelEmaV2 as ModelEma
+EMA_TAKES_STEP = ModelEma.__name__ == "ModelEmaV3"
 
 import wtconvnext  # noqa: F401  (registers the wtconvnext_* models with timm)
 from validate import ModelKwargsAction, evaluate, load_checkpoint_file, load_model_weights, progress_enabled
@@ -76,6 +78,7 @@ _logger = logging.getLogger("train")
 REPO_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG = REPO_DIR / "configs" / "digits.yaml"
 CHECKPOINT_VERSION = 2  # timm's saver layout (state_dict, state_dict_ema, optimizer, epoch, arch, args, ...)
+DIGITS = "digits"  # --dataset value of the embedded dataset
 EXIT_SIMULATED_KILL = 3  # exit status of --stop-after-updates
 
 
@@ -90,9 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="WTConvNeXt training", parents=[config_parser],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("Dataset")
-    g.add_argument("--data-dir", default=None, help="dataset root (ImageFolder with train/ and val/); "
-                   "none: the embedded digits")
-    g.add_argument("--dataset", default="", help="timm dataset type, '' for folders (e.g. torch/cifar10)")
+    g.add_argument("--data-dir", default=None, help="dataset root (ImageFolder with train/ and val/)")
+    g.add_argument("--dataset", default="", help="timm dataset type, '' for folders (e.g. torch/cifar10); "
+                   f"'{DIGITS}' for the embedded digits (written under $WTCONVNEXT_DATA, default ./data)")
     g.add_argument("--train-split", default="train", help="training split")
     g.add_argument("--val-split", default="validation", help="validation split ('' to skip evaluation)")
     g.add_argument("--dataset-download", action="store_true", help="allow download for torch/ datasets")
@@ -351,6 +354,31 @@ def plot_summary(csv_path: Path, png_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------------------------------
 # Training.
 
+@dataclass
+class Run:
+    """What the training loop and the checkpointing share."""
+
+    model: nn.Module  # the bare model: its state dict has no DDP / compile prefixes
+    train_model: nn.Module  # what the training step calls: compiled and / or DDP-wrapped
+    optimizer: torch.optim.Optimizer
+    scheduler: Any  # a timm Scheduler
+    ema: Optional[nn.Module]
+    loader: torch.utils.data.DataLoader
+    sampler: ResumableSampler
+    loss_fn: nn.Module
+    mixup_fn: Optional[Mixup]
+    loss_scaler: Optional[NativeScaler]
+    device: torch.device
+    amp_autocast: Callable[[], Any]
+    batches_per_epoch: int
+    updates_per_epoch: int
+    num_updates: int  # optimizer updates done since the start of training
+    best_metric: Optional[float]
+    best_epoch: Optional[int]
+    saver: Optional["CheckpointManager"]  # primary process only
+    progress: bool  # show tqdm bars
+
+
 def resolve_output_dir(args: argparse.Namespace) -> Path:
     """``<output>/<experiment>``; a resumed run without ``--experiment`` continues in its checkpoint's folder, a
     fresh run never writes into a folder that already holds a run (a numeric suffix is added)."""
@@ -381,17 +409,17 @@ def infer_num_classes(dataset) -> Optional[int]:
 def train_one_epoch(
         epoch: int,
         start_update: int,
-        run: dict[str, Any],
+        run: Run,
         args: argparse.Namespace,
         loss_state: torch.Tensor,
 ) -> None:
     """Run the optimizer updates ``start_update ..`` of ``epoch``; ``loss_state`` accumulates ``[sum, count]`` of
     micro-batch losses in place (it is carried in mid-epoch checkpoints so the epoch's mean survives a restart)."""
-    model, train_model, optimizer = run["model"], run["train_model"], run["optimizer"]
-    loader, sampler, scheduler, ema = run["loader"], run["sampler"], run["scheduler"], run["ema"]
-    loss_fn, mixup_fn, loss_scaler = run["loss_fn"], run["mixup_fn"], run["loss_scaler"]
-    device, amp_autocast, accum = run["device"], run["amp_autocast"], args.grad_accum_steps
-    batches, updates = run["batches_per_epoch"], run["updates_per_epoch"]
+    model, train_model, optimizer = run.model, run.train_model, run.optimizer
+    loader, sampler, scheduler, ema = run.loader, run.sampler, run.scheduler, run.ema
+    loss_fn, mixup_fn, loss_scaler = run.loss_fn, run.mixup_fn, run.loss_scaler
+    device, amp_autocast, accum = run.device, run.amp_autocast, args.grad_accum_steps
+    batches, updates = run.batches_per_epoch, run.updates_per_epoch
 
     if mixup_fn is not None and args.mixup_off_epoch and epoch >= args.mixup_off_epoch:
         mixup_fn.mixup_enabled = False  # targets stay smoothed one-hot, so the soft-target loss still applies
@@ -401,7 +429,7 @@ def train_one_epoch(
     params = model_parameters(model, exclude_head="agc" in args.clip_mode)
 
     progress = range(start_update, updates)
-    if run["progress"]:
+    if run.progress:
         from tqdm import tqdm
 
         progress = tqdm(progress, desc=f"Epoch {epoch}", initial=start_update, total=updates, leave=False,
@@ -439,14 +467,14 @@ def train_one_epoch(
             loss_state[1] += 1
             seen += x.shape[0]
         optimizer.zero_grad(set_to_none=True)
-        run["num_updates"] += 1
+        run.num_updates += 1
         if ema is not None:
-            if isinstance(ema, timm.utils.ModelEmaV2):
-                ema.update(model)
+            if EMA_TAKES_STEP:
+                ema.update(model, step=run.num_updates)
             else:
-                ema.update(model, step=run["num_updates"])
+                ema.update(model)
         if scheduler is not None and args.sched_on_updates:
-            scheduler.step_update(num_updates=run["num_updates"])
+            scheduler.step_update(num_updates=run.num_updates)
 
         done = update + 1
         if args.log_interval and (done % args.log_interval == 0 or done == updates):
@@ -461,7 +489,7 @@ def train_one_epoch(
         if args.checkpoint_interval and done % args.checkpoint_interval == 0 and done < updates:
             save_state(run, args, epoch=epoch, next_epoch=epoch, next_update=done, loss_state=loss_state,
                        epoch_end=False, is_best=False)
-        if args.stop_after_updates and run["num_updates"] >= args.stop_after_updates:
+        if args.stop_after_updates and run.num_updates >= args.stop_after_updates:
             _logger.warning(f"--stop-after-updates {args.stop_after_updates}: exiting abruptly (simulated kill)")
             logging.shutdown()
             sys.stdout.flush()
@@ -478,7 +506,7 @@ def current_lr(optimizer: torch.optim.Optimizer) -> float:
 
 
 def save_state(
-        run: dict[str, Any],
+        run: Run,
         args: argparse.Namespace,
         epoch: int,
         next_epoch: int,
@@ -504,22 +532,22 @@ def save_state(
         "epoch": epoch,  # last epoch touched; with next_update == 0 it is complete
         "next_epoch": next_epoch,
         "next_update": next_update,
-        "num_updates": run["num_updates"],
+        "num_updates": run.num_updates,
         "global_batch": args.batch_size * args.world_size * args.grad_accum_steps,
-        "state_dict": run["model"].state_dict(),
-        "optimizer": run["optimizer"].state_dict(),
-        "scheduler": run["scheduler"].state_dict() if run["scheduler"] is not None else None,
+        "state_dict": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
         "args": _plain(vars(args)),
         "metric": metric,
-        "best_metric": run["best_metric"],
-        "best_epoch": run["best_epoch"],
+        "best_metric": run.best_metric,
+        "best_epoch": run.best_epoch,
         "train_loss_state": loss_sum,
     }
-    if run["ema"] is not None:
-        state["state_dict_ema"] = run["ema"].module.state_dict()
-    if run["loss_scaler"] is not None:
-        state[run["loss_scaler"].state_dict_key] = run["loss_scaler"].state_dict()
-    run["saver"].save(state, epoch_end=epoch_end, is_best=is_best)
+    if run.ema is not None:
+        state["state_dict_ema"] = run.ema.module.state_dict()
+    if run.loss_scaler is not None:
+        state[run.loss_scaler.state_dict_key] = run.loss_scaler.state_dict()
+    run.saver.save(state, epoch_end=epoch_end, is_best=is_best)
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
@@ -535,9 +563,11 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         torch.backends.cudnn.benchmark = True
     patch_timm_posterize()  # the reference RandAugment policy crashes timm's posterize on Pillow >= 13
 
-    # Data: the embedded digits unless a dataset is given. prepare_digits is safe to race between ranks.
-    if args.data_dir is None and not args.dataset:
-        args.data_dir = str(prepare_digits())
+    # Data. The embedded digits are written on first use; prepare_digits is safe to race between ranks.
+    if args.dataset == DIGITS:
+        args.data_dir, args.dataset = str(prepare_digits()), ""
+    elif args.data_dir is None and not args.dataset:
+        raise SystemExit("no data: pass --data-dir (or --dataset), or run without a config for the digits default")
     dataset_train = create_dataset(args.dataset, root=args.data_dir, split=args.train_split, is_training=True,
                                    class_map=args.class_map, download=args.dataset_download,
                                    batch_size=args.batch_size, seed=args.seed)
@@ -590,13 +620,18 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     amp_dtype = torch.bfloat16 if args.amp_dtype == "bfloat16" else torch.float16
     amp_autocast = partial(torch.autocast, device_type=device.type, dtype=amp_dtype) if args.amp else nullcontext
     # Loss scaling only matters for float16; bfloat16 has float32's range.
-    loss_scaler = NativeScaler(device=device.type) if args.amp and amp_dtype == torch.float16 else None
+    loss_scaler = None
+    if args.amp and amp_dtype == torch.float16:
+        try:
+            loss_scaler = NativeScaler(device=device.type)
+        except TypeError:  # timm < 1.0.10: CUDA-only scaler without a device argument
+            loss_scaler = NativeScaler()
 
     ema = None
     if args.model_ema:
         ema_kwargs: dict[str, Any] = dict(decay=args.model_ema_decay,
                                           device="cpu" if args.model_ema_force_cpu else None)
-        if ModelEma.__name__ == "ModelEmaV3":
+        if EMA_TAKES_STEP:
             ema_kwargs["use_warmup"] = args.model_ema_warmup
         ema = ModelEma(model, **ema_kwargs)
 
@@ -704,12 +739,12 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             yaml.safe_dump(_plain(vars(args)), f, sort_keys=False)
         truncate_summary(out_dir / "summary.csv", start_epoch)
         _logger.info(f"Output {out_dir}")
-    run: dict[str, Any] = dict(
-        model=model, train_model=train_model, optimizer=optimizer, scheduler=scheduler, ema=ema,
-        loader=loader, sampler=sampler, loss_fn=loss_fn, mixup_fn=mixup_fn, loss_scaler=loss_scaler,
-        device=device, amp_autocast=amp_autocast, batches_per_epoch=batches_per_epoch,
-        updates_per_epoch=updates_per_epoch, num_updates=num_updates, best_metric=best_metric,
-        best_epoch=best_epoch, saver=CheckpointManager(out_dir, args.checkpoint_hist) if out_dir else None,
+    run = Run(
+        model=model, train_model=train_model, optimizer=optimizer, scheduler=scheduler, ema=ema, loader=loader,
+        sampler=sampler, loss_fn=loss_fn, mixup_fn=mixup_fn, loss_scaler=loss_scaler, device=device,
+        amp_autocast=amp_autocast, batches_per_epoch=batches_per_epoch, updates_per_epoch=updates_per_epoch,
+        num_updates=num_updates, best_metric=best_metric, best_epoch=best_epoch,
+        saver=CheckpointManager(out_dir, args.checkpoint_hist) if out_dir else None,
         progress=args.rank == 0 and progress_enabled(args.progress) and _has_tqdm(),
     )
     decreasing = args.eval_metric == "loss"
@@ -732,31 +767,33 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                 if net is None:
                     continue
                 metrics = evaluate(net, eval_loader, device, amp_autocast, args.channels_last,
-                                   distributed=args.distributed, progress=run["progress"], desc=f"Eval {name}")
+                                   distributed=args.distributed, progress=run.progress, desc=f"Eval {name}")
                 eval_metrics.update({f"{name}{k}": metrics[k] for k in ("loss", "top1", "top5")})
         metric = eval_metrics.get(key)
-        is_best = metric is not None and (run["best_metric"] is None or (
-            metric < run["best_metric"] if decreasing else metric > run["best_metric"]))
+        is_best = metric is not None and (run.best_metric is None or (
+            metric < run.best_metric if decreasing else metric > run.best_metric))
         if is_best:
-            run["best_metric"], run["best_epoch"] = metric, epoch
+            run.best_metric, run.best_epoch = metric, epoch
         if not args.sched_on_updates or args.sched == "plateau":
             scheduler.step(epoch + 1, metric)
 
         save_state(run, args, epoch=epoch, next_epoch=epoch + 1, next_update=0, loss_state=None, epoch_end=True,
                    is_best=is_best, metric=metric)
         if out_dir is not None:
-            update_summary(epoch, train_metrics, eval_metrics, str(out_dir / "summary.csv"),
-                           lr=current_lr(optimizer))
+            summary = out_dir / "summary.csv"
+            # write_header explicitly: older timm defaults it to False rather than "when the file is new"
+            update_summary(epoch, train_metrics, eval_metrics, str(summary), lr=current_lr(optimizer),
+                           write_header=not summary.exists() or summary.stat().st_size == 0)
             if args.plot:
-                plot_summary(out_dir / "summary.csv", out_dir / "summary.png")
+                plot_summary(summary, out_dir / "summary.png")
             shown = "  ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items())
             _logger.info(f"Epoch {epoch}: train loss {train_metrics['loss']:.4f}  {shown}  "
                          f"({time.perf_counter() - start_time:.0f}s)")
 
-    result = dict(best_metric=run["best_metric"], best_epoch=run["best_epoch"], final=eval_metrics,
+    result = dict(best_metric=run.best_metric, best_epoch=run.best_epoch, final=eval_metrics,
                   output=str(out_dir) if out_dir else None, seconds=time.perf_counter() - start_time)
-    if args.rank == 0 and run["best_metric"] is not None:
-        _logger.info(f"Best {key} {run['best_metric']:.4f} (epoch {run['best_epoch']}); final: "
+    if args.rank == 0 and run.best_metric is not None:
+        _logger.info(f"Best {key} {run.best_metric:.4f} (epoch {run.best_epoch}); final: "
                      + "  ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
     if args.distributed:
         dist.barrier()

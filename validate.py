@@ -40,7 +40,7 @@ import timm
 from timm.data import create_dataset, create_loader, resolve_data_config
 
 import wtconvnext  # noqa: F401  (registers the wtconvnext_* models with timm)
-from wtconvnext.data import prepare_digits
+from wtconvnext.data import DIGITS_NUM_CLASSES, prepare_digits
 
 _logger = logging.getLogger("validate")
 
@@ -96,12 +96,18 @@ def load_checkpoint_file(path: str | os.PathLike) -> Any:
             ) from first_error
 
 
-def load_model_weights(model: nn.Module, path: str | os.PathLike, use_ema: bool = True, strict: bool = True) -> str:
+def load_model_weights(
+        model: nn.Module,
+        checkpoint: str | os.PathLike | dict[str, Any],
+        use_ema: bool = True,
+        strict: bool = True,
+) -> str:
     """Load any supported checkpoint into ``model`` through the family's ``checkpoint_filter_fn``.
 
     Args:
         model: the freshly created model.
-        path: reference ``.pth``, converted ``.safetensors`` or a ``train.py`` checkpoint.
+        checkpoint: path of a reference ``.pth``, a converted ``.safetensors`` or a ``train.py`` checkpoint, or
+            what :func:`load_checkpoint_file` returned for one.
         use_ema: take ``state_dict_ema`` when the checkpoint has one (released weights are EMA weights).
         strict: require every key to match.
 
@@ -111,13 +117,13 @@ def load_model_weights(model: nn.Module, path: str | os.PathLike, use_ema: bool 
     # Imported here so that train.py's other paths keep working while the model module is being replaced.
     from wtconvnext.models.wtconvnext import checkpoint_filter_fn, unwrap_checkpoint
 
-    obj = load_checkpoint_file(path)
+    obj = checkpoint if isinstance(checkpoint, dict) else load_checkpoint_file(checkpoint)
     which = "ema" if use_ema and isinstance(obj, dict) and obj.get("state_dict_ema") else "model"
     state_dict = unwrap_checkpoint(obj, prefer_ema=use_ema)
     state_dict = checkpoint_filter_fn(state_dict, model)
     incompatible = model.load_state_dict(state_dict, strict=strict)
     if not strict and (incompatible.missing_keys or incompatible.unexpected_keys):
-        _logger.warning(f"Non-strict load of {path}: {incompatible}")
+        _logger.warning(f"Non-strict load: {incompatible}")
     return which
 
 
@@ -208,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data-dir", default=None, help="dataset root (ImageFolder with a val/ folder); "
                    "default: the embedded digits")
-    p.add_argument("--dataset", default="", help="timm dataset type, '' for folders (e.g. torch/cifar10)")
+    p.add_argument("--dataset", default="", help="timm dataset type, '' for folders (e.g. torch/cifar10), "
+                   "'digits' for the embedded digits")
     p.add_argument("--split", default="validation", help="split to evaluate (timm also finds 'val')")
     p.add_argument("--dataset-download", action="store_true", help="allow download for torch/ datasets")
     p.add_argument("--class-map", default="", help="path to a class-to-index mapping file")
@@ -247,12 +254,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     device = torch.device(args.device)
 
     # A train.py checkpoint records how its model was built: use that for anything not given on the command line.
+    ckpt = load_checkpoint_file(args.checkpoint) if args.checkpoint else None
     run_args: dict[str, Any] = {}
-    if args.checkpoint and not args.checkpoint.endswith(".safetensors"):
-        ckpt = load_checkpoint_file(args.checkpoint)
-        if isinstance(ckpt, dict) and isinstance(ckpt.get("args"), dict):
-            run_args = ckpt["args"]
-        del ckpt
+    if isinstance(ckpt, dict) and isinstance(ckpt.get("args"), dict):
+        run_args = ckpt["args"]
     model_name = args.model or run_args.get("model")
     if not model_name:
         raise SystemExit("--model is required (the checkpoint does not record one)")
@@ -266,17 +271,18 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             if getattr(args, key) in (None, "") and run_args.get(key) not in (None, ""):
                 setattr(args, key, run_args[key])
 
-    if args.data_dir is None and not args.dataset:
-        args.data_dir = str(prepare_digits())
-        num_classes = num_classes or 10
+    if args.dataset == "digits" or (args.data_dir is None and not args.dataset):
+        args.data_dir, args.dataset = str(prepare_digits()), ""
+        num_classes = num_classes or DIGITS_NUM_CLASSES
 
     create_kwargs: dict[str, Any] = dict(model_kwargs)
     if num_classes is not None:
         create_kwargs["num_classes"] = num_classes
     model = timm.create_model(model_name, pretrained=args.pretrained, **create_kwargs)
     loaded = ""
-    if args.checkpoint:
-        loaded = load_model_weights(model, args.checkpoint, use_ema=args.use_ema)
+    if ckpt is not None:
+        loaded = load_model_weights(model, ckpt, use_ema=args.use_ema)
+        del ckpt  # the optimizer state of a train.py checkpoint can be large
     param_count = sum(p.numel() for p in model.parameters())
     _logger.info(f"Model {model_name} ({param_count / 1e6:.2f}M params), "
                  f"checkpoint {args.checkpoint or '-'} ({loaded or 'no weights loaded'})")

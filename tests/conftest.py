@@ -1,4 +1,4 @@
-"""Shared test set-up: seeding, thread count and the location of the golden data.
+"""Shared test set-up: seeding, thread count, Triton's interpreter on CPU-only machines, the golden data.
 
 The golden data lives in ``shared/golden``, which is not part of this repository. It is looked for, in order, in
 ``$WTCONVNEXT_SHARED/golden``, then in ``shared/golden`` beside any parent of this file (a fresh clone in CI has
@@ -17,7 +17,13 @@ from typing import Any
 import pytest
 import torch
 
-import wtconvnext  # noqa: F401  (registers the models with timm)
+if not torch.cuda.is_available():
+    # Without a GPU the Triton kernel tests run under Triton's interpreter, which must be switched on before the
+    # kernels are decorated, i.e. before wtconvnext is first imported (just below). The CPU reference path, which
+    # every other test uses, does not touch Triton.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import wtconvnext  # noqa: E402,F401  (registers the models with timm)
 
 
 def find_golden() -> Path:

@@ -9,7 +9,6 @@ the smaller variants', only dims differ.
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 
@@ -32,7 +31,8 @@ INPUT = (1, 3, 64, 64)
 
 
 def test_registry() -> None:
-    expected = {f"wtconvnext_{s}" for s in ("atto", "femto", "pico", "nano", "tiny", "small", "base", "large", "xlarge")}
+    sizes = ("atto", "femto", "pico", "nano", "tiny", "small", "base", "large", "xlarge")
+    expected = {f"wtconvnext_{s}" for s in sizes}
     assert set(REGISTERED) == expected
     assert "test_wtconvnext" in timm.list_models("test_wtconvnext")
     cfg = timm.create_model("wtconvnext_tiny", device="meta").pretrained_cfg
@@ -272,6 +272,11 @@ def test_no_weight_decay_and_layer_decay_groups(name: str) -> None:
     expected = {n for n, _ in model.named_parameters() if n.endswith(("conv_dw.base_scale", "conv_dw.wavelet_scale"))}
     assert nwd == expected
     assert len(nwd) == 2 * sum(len(s.blocks) for s in model.stages)
+
+    # timm's default optimizer grouping (no layer decay)
+    plain = param_groups_weight_decay(model, weight_decay=0.05, no_weight_decay_list=nwd)
+    no_decay = {id(p) for g in plain if g["weight_decay"] == 0.0 for p in g["params"]}
+    assert all(id(p) in no_decay for n, p in model.named_parameters() if n in nwd)
 
     groups = param_groups_layer_decay(model, weight_decay=0.05, no_weight_decay_list=nwd, layer_decay=0.8)
     wd_of = {id(p): g["weight_decay"] for g in groups for p in g["params"]}

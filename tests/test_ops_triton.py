@@ -235,3 +235,17 @@ def test_opcheck_and_compile():
     torch.testing.assert_close(xc.grad, xe.grad)
     for a, b in zip(layer.parameters(), grads_eager):
         torch.testing.assert_close(a.grad, b)
+
+
+def test_model_to_channels_last_keeps_the_function():
+    """timm's --channels-last calls model.to(memory_format=channels_last); the 5-D level weights must survive it."""
+    import timm
+
+    model = timm.create_model("wtconvnext_atto", wtconv_backend="triton").to(DEVICE).eval()
+    x = torch.randn(1, 3, 64, 64, device=DEVICE)
+    with torch.no_grad():
+        y = model(x)
+        model = model.to(memory_format=torch.channels_last)
+        y_cl = model(x.to(memory_format=torch.channels_last))
+    assert model.stages[0].blocks[0].conv_dw.wavelet_weight.is_contiguous()
+    torch.testing.assert_close(y_cl, y, rtol=1e-5, atol=1e-5)

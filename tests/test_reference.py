@@ -132,7 +132,8 @@ def one_pass(
     for i in range(1, levels + 1):
         hh, ww = ll.shape[-2] // 2, ll.shape[-1] // 2
         blocks = ll.reshape(b, c, hh, 2, ww, 2)
-        a, bb, cc, d = blocks[:, :, :, 0, :, 0], blocks[:, :, :, 0, :, 1], blocks[:, :, :, 1, :, 0], blocks[:, :, :, 1, :, 1]
+        a, bb = blocks[:, :, :, 0, :, 0], blocks[:, :, :, 0, :, 1]  # top row of each 2x2 block
+        cc, d = blocks[:, :, :, 1, :, 0], blocks[:, :, :, 1, :, 1]  # bottom row
         coeffs = 0.5 * torch.stack((a + bb + cc + d, a + bb - cc - d, a - bb + cc - d, a - bb - cc + d), dim=2)
         # The filtered maps are only read where the unextended map has pixels, so cropping to ceil(H / 2^i)
         # first reproduces the per-level 'same' zero padding exactly.

@@ -161,6 +161,15 @@ class WTConv2d(nn.Module):
             backend=self.backend,
         )
 
+    def _apply(self, fn, recurse=True):
+        # nn.Module.to(memory_format=torch.channels_last) converts every 4-D and 5-D tensor and rejects 5-D ones
+        # (timm's --channels-last does exactly this): the (L, C, 4, K, K) level weights go through as a 4-D view
+        # and come back contiguous. Device and dtype conversions are unaffected.
+        def fn_5d_safe(t):
+            return fn(t.flatten(0, 1)).reshape(t.shape).contiguous() if t.dim() == 5 else fn(t)
+
+        return super()._apply(fn_5d_safe, recurse)
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         # Accept the reference / fused-backend layouts in place, so load_state_dict(reference_sd) just works.
         own = [k for k in state_dict if k.startswith(prefix) and _is_layer_key(k[len(prefix):])]

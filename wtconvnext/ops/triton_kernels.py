@@ -50,32 +50,26 @@ def _ll_kernel(
         m = m.to(tl.int64)
         n = n.to(tl.int64)
     pmask = p < P
-    base = (p // C) * s_b + (p % C) * s_c
-    r0 = 2 * m
-    c0 = 2 * n
-    mr0 = r0 < Hs
-    mr1 = (r0 + 1) < Hs
-    mc0 = c0 < Ws
-    mc1 = (c0 + 1) < Ws
-    a = tl.load(src_ptr + base + r0 * s_h + c0 * s_w, mask=pmask & mr0 & mc0, other=0.0).to(COMPUTE)
-    b = tl.load(src_ptr + base + r0 * s_h + (c0 + 1) * s_w, mask=pmask & mr0 & mc1, other=0.0).to(COMPUTE)
-    c = tl.load(src_ptr + base + (r0 + 1) * s_h + c0 * s_w, mask=pmask & mr1 & mc0, other=0.0).to(COMPUTE)
-    d = tl.load(src_ptr + base + (r0 + 1) * s_h + (c0 + 1) * s_w, mask=pmask & mr1 & mc1, other=0.0).to(COMPUTE)
-    out = (a + b + c + d) * 0.5
+    plane = src_ptr + ((p // C) * s_b + (p % C) * s_c)
+    s0, _, _, _ = _butterfly_at(plane, pmask, m, n, Hs, Ws, s_h, s_w, COMPUTE)
+    out = s0
     omask = pmask & (m < Hc) & (n < Wc)
     tl.store(out_ptr + p * (Hc * Wc) + m * Wc + n, out, mask=omask)
 
 
 @triton.jit
-def _butterfly_at(src_ptr, base, pmask, mm, nn, Hs, Ws, s_h, s_w, COMPUTE: tl.constexpr):
-    """The four Haar subbands of the 2x2 blocks at coarse positions (mm, nn); zero outside the finer map."""
+def _butterfly_at(plane, pmask, mm, nn, Hs, Ws, s_h, s_w, COMPUTE: tl.constexpr):
+    """The four Haar subbands of the 2x2 blocks at coarse positions (mm, nn); zero outside the finer map.
+
+    ``plane`` points at each plane's origin; in-plane offsets stay 32-bit unless mm / nn are int64.
+    """
     r0 = 2 * mm
     c0 = 2 * nn
     mr0 = (r0 >= 0) & (r0 < Hs)
     mr1 = (r0 + 1 >= 0) & (r0 + 1 < Hs)
     mc0 = (c0 >= 0) & (c0 < Ws)
     mc1 = (c0 + 1 >= 0) & (c0 + 1 < Ws)
-    ptr = src_ptr + base + r0 * s_h + c0 * s_w
+    ptr = plane + (r0 * s_h + c0 * s_w)
     a = tl.load(ptr, mask=pmask & mr0 & mc0, other=0.0).to(COMPUTE)
     b = tl.load(ptr + s_w, mask=pmask & mr0 & mc1, other=0.0).to(COMPUTE)
     c = tl.load(ptr + s_h, mask=pmask & mr1 & mc0, other=0.0).to(COMPUTE)
@@ -119,7 +113,7 @@ def _level_fwd_kernel(
         n = n.to(tl.int64)
     pmask = p < P
     ch = p % C
-    base = (p // C) * s_b + ch * s_c
+    plane = src_ptr + ((p // C) * s_b + ch * s_c)  # 64-bit once per plane, 32-bit offsets inside
 
     # Synthesised value of the four fine pixels (2m + r, 2n + q) of each coarse position.
     y00 = tl.zeros((BLOCK_P, BLOCK_M, BLOCK_N), dtype=COMPUTE)
@@ -138,7 +132,7 @@ def _level_fwd_kernel(
                     tap = (K - 1 - ky) * K + (K - 1 - kx)
                 else:
                     tap = ky * K + kx
-                s0, s1, s2, s3 = _butterfly_at(src_ptr, base, pmask, m + (ky - PAD), n + (kx - PAD),
+                s0, s1, s2, s3 = _butterfly_at(plane, pmask, m + (ky - PAD), n + (kx - PAD),
                                                Hs, Ws, s_h, s_w, COMPUTE)
                 w0 = tl.load(wrow + tap, mask=pmask, other=0.0).to(COMPUTE)
                 w1 = tl.load(wrow + KK + tap, mask=pmask, other=0.0).to(COMPUTE)
@@ -182,8 +176,8 @@ def _level_fwd_kernel(
             for j in tl.static_range(K + 1):
                 wc = 2 * n + (j - PAD)
                 mw = (wc >= 0) & (wc < Ws)
-                v0 = tl.load(src_ptr + base + h0 * s_h + wc * s_w, mask=mh0 & mw, other=0.0).to(COMPUTE)
-                v1 = tl.load(src_ptr + base + h1 * s_h + wc * s_w, mask=mh1 & mw, other=0.0).to(COMPUTE)
+                v0 = tl.load(plane + (h0 * s_h + wc * s_w), mask=mh0 & mw, other=0.0).to(COMPUTE)
+                v1 = tl.load(plane + (h1 * s_h + wc * s_w), mask=mh1 & mw, other=0.0).to(COMPUTE)
                 if j < K:  # phase q = 0 uses kx = j
                     if FLIP:
                         tap0 = (K - 1 - ky) * K + (K - 1 - j)
@@ -259,16 +253,16 @@ def _level_wgrad_kernel(
         m = m.to(tl.int64)
         n = n.to(tl.int64)
     cmask = ch < C
-    xbase = bidx * xs_b + ch * xs_c
-    gbase = bidx * gs_b + ch * gs_c
+    xplane = xs_ptr + (bidx * xs_b + ch * xs_c)  # 64-bit once per plane, 32-bit offsets inside
+    gplane = gs_ptr + (bidx * gs_b + ch * gs_c)
     row = part_ptr + ((bidx * TILES + tile) * C + cc) * NCOL  # (BLOCK_C,) pointers
     cvalid = cc < C
     if HAS_LEVEL:
         # dy's coefficients at this tile's coarse positions, correlated with x's at every shift.
-        g0, g1, g2, g3 = _butterfly_at(gs_ptr, gbase, cmask, m, n, Hs, Ws, gs_h, gs_w, COMPUTE)
+        g0, g1, g2, g3 = _butterfly_at(gplane, cmask, m, n, Hs, Ws, gs_h, gs_w, COMPUTE)
         for ky in range(K):
             for kx in tl.static_range(K):
-                c0, c1, c2, c3 = _butterfly_at(xs_ptr, xbase, cmask, m + (ky - PAD), n + (kx - PAD),
+                c0, c1, c2, c3 = _butterfly_at(xplane, cmask, m + (ky - PAD), n + (kx - PAD),
                                                Hs, Ws, xs_h, xs_w, COMPUTE)
                 tap = ky * K + kx
                 tl.store(row + tap, tl.sum(tl.sum(c0 * g0, 2), 1).to(part_ptr.dtype.element_ty), mask=cvalid)
@@ -283,7 +277,7 @@ def _level_wgrad_kernel(
         mh1 = cmask & (h0 + 1 < Hs)
         mw0 = w0 < Ws
         mw1 = w0 + 1 < Ws
-        gp = gs_ptr + gbase + h0 * gs_h + w0 * gs_w
+        gp = gplane + (h0 * gs_h + w0 * gs_w)
         d00 = tl.load(gp, mask=mh0 & mw0, other=0.0).to(COMPUTE)
         d01 = tl.load(gp + gs_w, mask=mh0 & mw1, other=0.0).to(COMPUTE)
         d10 = tl.load(gp + gs_h, mask=mh1 & mw0, other=0.0).to(COMPUTE)
@@ -299,7 +293,7 @@ def _level_wgrad_kernel(
                 ww1 = ww0 + 1
                 mc0 = (ww0 >= 0) & (ww0 < Ws)
                 mc1 = (ww1 >= 0) & (ww1 < Ws)
-                xp = xs_ptr + xbase + hh0 * xs_h + ww0 * xs_w
+                xp = xplane + (hh0 * xs_h + ww0 * xs_w)
                 acc = d00 * tl.load(xp, mask=mr0 & mc0, other=0.0).to(COMPUTE)
                 acc += d01 * tl.load(xp + xs_w, mask=mr0 & mc1, other=0.0).to(COMPUTE)
                 acc += d10 * tl.load(xp + xs_h, mask=mr1 & mc0, other=0.0).to(COMPUTE)
@@ -319,10 +313,20 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _tiles(planes: int, hc: int, wc: int, max_elems: int = 1024) -> tuple[int, int, int]:
+# Launch shapes. Set from the sweep in benchmarks/tune_tiles.py on an H200; override for experiments with
+# ``TUNING.update(...)``. Fixed tiles (no autotuner) keep the weight-gradient reduction order, hence the bits,
+# identical from run to run.
+# H200 sweep (bf16, WTConvNeXt-T stage shapes, results/tune.json): 512-element tiles with 4 warps for the level
+# kernels (1024 for maps of <= 4x4 coarse positions), 512 with 2 warps for the weight-gradient kernels; larger tiles
+# spill registers (2048 elements / 2 warps was 15x slower).
+TUNING: dict[str, int] = {"fwd_elems": 512, "fwd_small_elems": 1024, "fwd_warps": 4, "wgrad_elems": 512,
+                          "wgrad_warps": 2}
+
+
+def _tiles(planes: int, hc: int, wc: int, max_elems: int) -> tuple[int, int, int]:
     """Block sizes (planes, coarse rows, coarse cols): whole small maps per program, several planes when small."""
-    bn = min(triton.next_power_of_2(max(wc, 1)), 32)
-    bm = min(triton.next_power_of_2(max(hc, 1)), max(max_elems // bn, 1), 32)
+    bn = min(triton.next_power_of_2(max(wc, 1)), 32, max_elems)
+    bm = min(triton.next_power_of_2(max(hc, 1)), max(max_elems // bn, 1), 64)
     bp = min(triton.next_power_of_2(max(planes, 1)), max(max_elems // (bm * bn), 1))
     return bp, bm, bn
 
@@ -338,7 +342,9 @@ def _needs_int64(*tensors: Tensor) -> bool:
     return False
 
 
-def _num_warps(elems: int) -> int:
+def _num_warps(elems: int, override: int = 0) -> int:
+    if override:
+        return override
     return 4 if elems >= 512 else (2 if elems >= 128 else 1)
 
 
@@ -351,7 +357,7 @@ def ll_pyramid(x: Tensor, levels: int) -> list[Tensor]:
         hs, ws = src.shape[-2:]
         hc, wc = (hs + 1) // 2, (ws + 1) // 2
         out = torch.empty((bsz, ch, hc, wc), device=x.device, dtype=_acc_dtype(x.dtype))
-        bp, bm, bn = _tiles(bsz * ch, hc, wc)
+        bp, bm, bn = _tiles(bsz * ch, hc, wc, 1024)
         grid = (triton.cdiv(bsz * ch, bp), triton.cdiv(hc, bm), triton.cdiv(wc, bn))
         _ll_kernel[grid](
             src, out, bsz * ch, ch, hs, ws, hc, wc, *src.stride(),
@@ -391,7 +397,7 @@ def wtconv_forward(
         hc, wc = (hs + 1) // 2, (ws + 1) // 2
         last = i == 1
         dst = out if last else torch.empty((bsz, ch, hs, ws), device=x.device, dtype=_acc_dtype(x.dtype))
-        bp, bm, bn = _tiles(planes, hc, wc)
+        bp, bm, bn = _tiles(planes, hc, wc, TUNING["fwd_small_elems" if hc * wc <= 16 else "fwd_elems"])
         grid = (triton.cdiv(planes, bp), triton.cdiv(hc, bm), triton.cdiv(wc, bn))
         lvl = i - 1 if levels else 0
         _level_fwd_kernel[grid](
@@ -402,7 +408,7 @@ def wtconv_forward(
             K=k, STRIDE=stride if last else 1,
             HAS_LEVEL=levels > 0, HAS_ACC=acc is not None, IS_LAST=last, HAS_BIAS=bias is not None, FLIP=flip,
             BLOCK_P=bp, BLOCK_M=bm, BLOCK_N=bn, INDEX_64=_needs_int64(src, dst), COMPUTE=compute,
-            num_warps=_num_warps(bp * bm * bn),
+            num_warps=_num_warps(bp * bm * bn, TUNING["fwd_warps"]),
         )
         acc = dst
     return out
@@ -428,9 +434,7 @@ def wtconv_weight_grads(xpyr: list[Tensor], gpyr: list[Tensor], k: int, levels: 
         xs, gs = xpyr[i - 1], gpyr[i - 1]
         hs, ws = xs.shape[-2:]
         hc, wc = (hs + 1) // 2, (ws + 1) // 2
-        bm = min(triton.next_power_of_2(hc), 32)
-        bn = min(triton.next_power_of_2(wc), 32)
-        bc = min(triton.next_power_of_2(ch), max(1024 // (bm * bn), 1))
+        bc, bm, bn = _tiles(ch, hc, wc, TUNING["wgrad_elems"])
         tiles_n = triton.cdiv(wc, bn)
         tiles = triton.cdiv(hc, bm) * tiles_n
         part = torch.empty((bsz * tiles, ch, ncol), device=x.device, dtype=part_dtype)
@@ -438,7 +442,8 @@ def wtconv_weight_grads(xpyr: list[Tensor], gpyr: list[Tensor], k: int, levels: 
         _level_wgrad_kernel[(triton.cdiv(ch, bc), bsz, tiles)](
             xs, gs, part, ch, hs, ws, ncol, tiles_n, tiles, *xs.stride(), *gs.stride(),
             K=k, HAS_LEVEL=levels > 0, IS_LAST=last, BLOCK_C=bc, BLOCK_M=bm, BLOCK_N=bn,
-            INDEX_64=_needs_int64(xs, gs), COMPUTE=compute, num_warps=_num_warps(bc * bm * bn),
+            INDEX_64=_needs_int64(xs, gs), COMPUTE=compute,
+            num_warps=_num_warps(bc * bm * bn, TUNING["wgrad_warps"]),
         )
         # Deterministic reduction of the per-tile partials (fixed order, no atomics).
         total = part.sum(0)

@@ -1,0 +1,155 @@
+"""Model-level benchmark: ``wtconvnext_tiny`` against timm's ``convnext_tiny``, side by side in one run.
+
+Usage (any CUDA GPU)::
+
+    python benchmarks/bench_model.py [--out results/model.json] [--no-compile] [--batch 128] [--infer-batch 256]
+
+Measures, for each model: AdamW training step images/s at 224^2 under bf16 autocast and in fp32, eager and (unless
+--no-compile) torch.compile; inference images/s under bf16 autocast and fp32; peak memory of a training step. Both
+models run channels_last, as timm's train.py does with --channels-last (cuDNN's fast depthwise kernels are NHWC).
+Prints a table with the ratios WTConvNeXt / ConvNeXt and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import timm  # noqa: E402
+
+import wtconvnext  # noqa: E402,F401  (registers the models)
+
+MODELS = ("convnext_tiny", "wtconvnext_tiny")
+
+
+def _time_steps(step, warmup: int, iters: int) -> float:
+    """Median milliseconds of ``step()`` over ``iters`` CUDA-event-timed runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _train_case(name: str, amp: bool, compile_: bool, batch: int, warmup: int, iters: int) -> dict:
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=1000).cuda().to(memory_format=torch.channels_last)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, fused=True)
+    fwd = torch.compile(model) if compile_ else model
+    x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    target = torch.randint(0, 1000, (batch,), device="cuda")
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            loss = loss_fn(fwd(x), target)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # compile / allocate outside the memory and time measurements
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    ms = _time_steps(step, warmup, iters)
+    del model, opt, fwd
+    torch.cuda.empty_cache()
+    return dict(ms=ms, img_s=batch / ms * 1000, peak_gb=peak)
+
+
+def _infer_case(name: str, amp: bool, compile_: bool, batch: int, warmup: int, iters: int) -> dict:
+    model = timm.create_model(name, num_classes=1000).cuda().eval().to(memory_format=torch.channels_last)
+    fwd = torch.compile(model) if compile_ else model
+    x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+
+    def step():
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            fwd(x)
+
+    step()
+    ms = _time_steps(step, warmup, iters)
+    del model, fwd
+    torch.cuda.empty_cache()
+    return dict(ms=ms, img_s=batch / ms * 1000)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="results/model.json")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--infer-batch", type=int, default=256)
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_model.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import triton
+
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = True  # timm's train.py default behaviour on Ampere+ for fp32
+    torch.backends.cudnn.allow_tf32 = True
+    rows = []
+    modes = [(False,)] if args.no_compile else [(False,), (True,)]
+    for (compile_,) in modes:
+        for amp in (True, False):
+            for name in MODELS:
+                r = _train_case(name, amp, compile_, args.batch, args.warmup, args.iters)
+                rows.append(dict(model=name, task="train", amp=amp, compile=compile_, batch=args.batch, **r))
+                print(f"  {rows[-1]}", flush=True)
+    for amp in (True, False):
+        for name in MODELS:
+            r = _infer_case(name, amp, False, args.infer_batch, args.warmup, args.iters)
+            rows.append(dict(model=name, task="infer", amp=amp, compile=False, batch=args.infer_batch, **r))
+            print(f"  {rows[-1]}", flush=True)
+
+    by = {(r["model"], r["task"], r["amp"], r["compile"]): r for r in rows}
+    for r in rows:
+        base = by[("convnext_tiny", r["task"], r["amp"], r["compile"])]
+        r["throughput_vs_convnext"] = r["img_s"] / base["img_s"]
+        if "peak_gb" in r:
+            r["peak_vs_convnext"] = r["peak_gb"] / base["peak_gb"]
+
+    env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+               timm=timm.__version__, cuda=torch.version.cuda, python=platform.python_version(),
+               date=time.strftime("%Y-%m-%d %H:%M:%S"), channels_last=True)
+    print(f"# {env}")
+    hdr = f"{'task':6} {'mode':14} {'model':16} {'ms':>8} {'img/s':>8} {'peak GB':>8} {'img/s vs ConvNeXt':>18} {'mem vs ConvNeXt':>16}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        mode = ("bf16-amp" if r["amp"] else "fp32") + (" compiled" if r["compile"] else " eager")
+        peak = f"{r['peak_gb']:8.2f}" if "peak_gb" in r else f"{'':8}"
+        mem = f"{r['peak_vs_convnext']:16.2f}" if "peak_vs_convnext" in r else f"{'':16}"
+        print(f"{r['task']:6} {mode:14} {r['model']:16} {r['ms']:8.2f} {r['img_s']:8.0f} {peak} "
+              f"{r['throughput_vs_convnext']:18.2f} {mem}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(dict(env=env, rows=rows), indent=1))
+    tmp.replace(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

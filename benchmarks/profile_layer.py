@@ -1,0 +1,55 @@
+"""Per-kernel CUDA time of one WTConv forward + backward (torch.profiler), for finding where the time goes.
+
+    python benchmarks/profile_layer.py [--shapes 0 3] [--dtypes fp32 bf16] [--cl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_layer import DTYPES, SHAPES, _cases  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", type=int, nargs="+", default=[0, 3])
+    ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"])
+    ap.add_argument("--cl", action="store_true", help="channels_last input")
+    ap.add_argument("--iters", type=int, default=10)
+    args = ap.parse_args(argv)
+    from torch.profiler import ProfilerActivity, profile
+
+    for si in args.shapes:
+        for dname in args.dtypes:
+            b, c, h, w, levels = SHAPES[si]
+            cases = _cases(b, c, h, w, levels, DTYPES[dname])
+            _, fwdbwd, _ = cases["wtconv_triton_cl" if args.cl else "wtconv_triton_nchw"]
+            for _ in range(3):
+                fwdbwd()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(args.iters):
+                    fwdbwd()
+                torch.cuda.synchronize()
+            print(f"\n=== {dname} B={b} C={c} {h}x{w} L={levels} cl={args.cl}: per-iteration CUDA time by kernel")
+            rows = []
+            for e in prof.key_averages():
+                t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+                if t > 0 and e.count >= args.iters:
+                    rows.append((t / args.iters, e.count // args.iters, e.key))
+            total = 0.0
+            for t, n, k in sorted(rows, reverse=True)[:14]:
+                print(f"{t / 1000:8.3f} ms  x{n:<3d} {k[:90]}")
+                total += t
+            print(f"{total / 1000:8.3f} ms  total of the rows above")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,415 @@
+"""train.py, validate.py, the configs and wtconvnext.data, on the CPU.
+
+The scripts run as subprocesses, as a user runs them: that is the only way to test an abrupt exit mid-epoch and a
+torchrun launch. Models are tiny (``test_wtconvnext`` at 32px) so that the whole file runs in a few minutes on 2
+cores. The embedded digits are written once per session under a temporary ``$WTCONVNEXT_DATA``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # train.py / validate.py are top-level scripts, not package modules
+
+import train  # noqa: E402
+import validate  # noqa: E402
+from wtconvnext.data import (  # noqa: E402
+    ResumableSampler,
+    SeededDataset,
+    ShardSampler,
+    patch_timm_posterize,
+    posterize_compat,
+    prepare_digits,
+)
+
+# Small but real: every WTConv branch runs (2 levels on the 8x8 first stage), drop path and layer scale included.
+TINY = ["--model", "test_wtconvnext", "--model-kwargs", '{"wt_levels": [2, 1, 1, 1]}', "--img-size", "32",
+        "--crop-pct", "1.0", "--warmup-epochs", "1", "--lr", "2e-3", "--workers", "0", "--device", "cpu",
+        "--log-interval", "0", "--no-progress"]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Fixtures and helpers
+
+def _write_image_folder(root: Path, classes: int, per_class: dict[str, int], size: int, seed: int) -> Path:
+    """A random ImageFolder: root/<split>/<class>/*.png. Each class gets its own mean colour so a model can learn."""
+    rng = np.random.default_rng(seed)
+    for split, n in per_class.items():
+        for c in range(classes):
+            d = root / split / f"class{c}"
+            d.mkdir(parents=True, exist_ok=True)
+            base = rng.integers(0, 256, size=3)
+            for i in range(n):
+                noise = rng.integers(-60, 60, size=(size, size, 3))
+                pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(d / f"{i}.png")
+    return root
+
+
+@pytest.fixture(scope="session")
+def data_env(tmp_path_factory) -> dict[str, str]:
+    """Environment for the subprocesses: a private dataset cache, one thread per process, no CI-only surprises."""
+    env = dict(os.environ)
+    env["WTCONVNEXT_DATA"] = str(tmp_path_factory.mktemp("wtdata"))
+    env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "2")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return env
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory) -> Path:
+    """4 classes, 24 train / 6 val images each, 32px."""
+    return _write_image_folder(tmp_path_factory.mktemp("tiny"), 4, {"train": 24, "val": 6}, 32, seed=0)
+
+
+@pytest.fixture(scope="session")
+def golden_folder(tmp_path_factory) -> Path:
+    """10 classes at 96px: the golden reference model's classes and input size."""
+    return _write_image_folder(tmp_path_factory.mktemp("golden96"), 10, {"val": 2}, 96, seed=1)
+
+
+def run(args: list[str], env: dict[str, str], expect: int = 0, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run a command from the repository root; on an unexpected status, fail with its output."""
+    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == expect, (
+        f"{' '.join(args)}\nexit {proc.returncode} (expected {expect})\n--- stdout\n{proc.stdout[-4000:]}"
+        f"\n--- stderr\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def train_cmd(*args: str) -> list[str]:
+    return [sys.executable, str(REPO / "train.py"), *args]
+
+
+def validate_cmd(*args: str) -> list[str]:
+    return [sys.executable, str(REPO / "validate.py"), "--device", "cpu", *args]
+
+
+def read_summary(out: Path) -> list[dict[str, float]]:
+    with open(out / "summary.csv", newline="") as f:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def load(path: Path) -> dict[str, Any]:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def assert_state_equal(a: dict[str, Any], b: dict[str, Any], atol: float = 0.0, what: str = "") -> None:
+    assert a.keys() == b.keys(), what
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert torch.allclose(a[k].float(), b[k].float(), rtol=0, atol=atol), \
+                f"{what}{k}: max diff {(a[k].float() - b[k].float()).abs().max().item():.3g}"
+        elif isinstance(a[k], dict):
+            assert_state_equal(a[k], b[k], atol, f"{what}{k}.")
+        elif isinstance(a[k], list):
+            assert len(a[k]) == len(b[k])
+            for i, (x, y) in enumerate(zip(a[k], b[k])):
+                assert_state_equal({i: x}, {i: y}, atol, f"{what}{k}.")
+        else:
+            assert a[k] == b[k], f"{what}{k}: {a[k]} != {b[k]}"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# wtconvnext.data
+
+def test_sampler_order_is_a_function_of_seed_and_epoch():
+    a, b = ResumableSampler(50, seed=3), ResumableSampler(50, seed=3)
+    a.set_epoch(2)
+    b.set_epoch(2)
+    first = list(a)
+    assert first == list(b)
+    assert sorted(i for i, _ in first) == list(range(50))
+    b.set_epoch(3)
+    assert [i for i, _ in b] != [i for i, _ in first]
+    assert [i for i, _ in ResumableSampler(50, seed=4)] != [i for i, _ in ResumableSampler(50, seed=3)]
+    a.set_epoch(2, start=17)
+    assert list(a) == first[17:] and len(a) == 33
+
+
+def test_sampler_shards_cover_the_global_order():
+    """R ranks see the 1-rank order interleaved, with the same per-sample seeds (so DDP = one big batch)."""
+    single = ResumableSampler(21, seed=1)
+    single.set_epoch(5)
+    glob = list(single)
+    shards = []
+    for rank in range(2):
+        s = ResumableSampler(21, seed=1, num_replicas=2, rank=rank)
+        s.set_epoch(5)
+        shards.append(list(s))
+    assert len(shards[0]) == len(shards[1]) == 11  # padded to equal length for DDP lockstep
+    interleaved = [p for pair in zip(*shards) for p in pair]
+    assert interleaved[:21] == glob
+
+
+def test_shard_sampler_has_no_duplicates():
+    parts = [list(ShardSampler(10, 3, r)) for r in range(3)]
+    assert sorted(sum(parts, [])) == list(range(10))
+
+
+def test_seeded_dataset_reproducible_and_leaves_main_rng_alone():
+    class Noisy(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return torch.rand(3), random.random(), np.random.rand()
+
+    ds = SeededDataset(Noisy())
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    expected = (torch.rand(1), random.random(), np.random.rand())
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    x1, x2 = ds[(1, 1234)], ds[(1, 1234)]
+    assert torch.equal(x1[0], x2[0]) and x1[1:] == x2[1:]
+    assert not torch.equal(ds[(1, 99)][0], x1[0])
+    after = (torch.rand(1), random.random(), np.random.rand())
+    assert torch.equal(after[0], expected[0]) and after[1:] == expected[1:]
+
+
+def test_posterize_compat_zero_bits():
+    img = Image.new("RGB", (4, 4), (200, 100, 50))
+    assert posterize_compat(img, 0).getpixel((0, 0)) == (0, 0, 0)
+    assert posterize_compat(img, 1).getpixel((0, 0)) == (128, 0, 0)
+    assert posterize_compat(img, 8) is img
+    patch_timm_posterize()
+    from timm.data import auto_augment
+
+    assert auto_augment.NAME_TO_OP["PosterizeIncreasing"] is posterize_compat
+
+
+def test_prepare_digits(tmp_path):
+    root = prepare_digits(tmp_path / "digits")
+    counts = {s: sum(1 for _ in (root / s).rglob("*.png")) for s in ("train", "val")}
+    assert counts == {"train": 1437, "val": 360}
+    assert sorted(p.name for p in (root / "val").iterdir()) == [str(c) for c in range(10)]
+    per_class = [sum(1 for _ in (root / "val" / str(c)).iterdir()) for c in range(10)]
+    assert min(per_class) >= 35  # stratified: every class held out in proportion
+    img = Image.open(next((root / "train" / "3").iterdir()))
+    assert img.size == (32, 32) and img.mode == "RGB"
+    mtime = (root / "train").stat().st_mtime
+    assert prepare_digits(root) == root and (root / "train").stat().st_mtime == mtime  # cached, not rewritten
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Arguments and configs
+
+def test_config_values_are_defaults_and_cli_wins(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"model": "test_wtconvnext", "epochs": 7, "lr": 1e-3, "mixup": 0.3}))
+    args, used = train.parse_args(["-c", str(cfg), "--data-dir", "x", "--epochs", "2", "--mixup", "0"])
+    assert used == str(cfg)
+    assert (args.epochs, args.mixup) == (2, 0.0)  # command line beats YAML
+    assert (args.model, args.lr) == ("test_wtconvnext", 1e-3)  # YAML beats the parser's defaults
+    assert args.weight_decay == 0.05  # untouched default
+
+
+def test_config_unknown_key_is_an_error(tmp_path):
+    cfg = tmp_path / "typo.yaml"
+    cfg.write_text("epocs: 3\n")
+    with pytest.raises(SystemExit):
+        train.parse_args(["-c", str(cfg)])
+
+
+def test_no_arguments_means_digits_config():
+    args, used = train.parse_args([])
+    assert Path(used) == REPO / "configs" / "digits.yaml"
+    assert args.dataset == "digits" and args.num_classes == 10 and args.model.startswith("wtconvnext")
+    args, used = train.parse_args(["--data-dir", "/imagenet"])
+    assert used == "" and args.dataset == ""  # a dataset given: plain timm-style defaults, no digits config
+
+
+@pytest.mark.parametrize("name,drop_path", [("tiny", 0.1), ("small", 0.4), ("base", 0.4)])
+def test_in1k_configs_reproduce_the_reference_recipe(name, drop_path):
+    cfg_path = REPO / "configs" / f"wtconvnext_{name}_in1k.yaml"
+    args, _ = train.parse_args(["-c", str(cfg_path), "--data-dir", "/imagenet"])
+    assert args.model == f"wtconvnext_{name}"
+    assert args.epochs + (args.warmup_epochs if args.warmup_prefix else 0) == 300
+    assert args.warmup_epochs == 20
+    assert args.batch_size * 8 * args.grad_accum_steps == 4096  # the documented 8-GPU arithmetic
+    assert (args.opt, args.lr, args.weight_decay, args.layer_decay) == ("adamw", 4e-3, 0.05, 1.0)
+    assert (args.aa, args.reprob, args.mixup, args.cutmix, args.smoothing) == (
+        "rand-m9-mstd0.5-inc1", 0.25, 0.8, 1.0, 0.1)
+    assert args.model_ema and args.model_ema_decay == 0.9999
+    assert args.sched_on_updates and args.drop_path == drop_path
+    assert "4096" in cfg_path.read_text()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Checkpoint files
+
+def test_checkpoint_manager_keeps_last_n_and_best(tmp_path):
+    saver = train.CheckpointManager(tmp_path, hist=2)
+    for epoch, best in [(0, True), (1, False), (2, True), (3, False)]:
+        saver.save({"epoch": epoch, "w": torch.full((2,), float(epoch))}, epoch_end=True, is_best=best)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint-2.pth.tar", "checkpoint-3.pth.tar", "last.pth.tar", "model_best.pth.tar"]
+    assert load(tmp_path / "model_best.pth.tar")["epoch"] == 2
+    saver.save({"epoch": 4, "w": torch.zeros(2)}, epoch_end=False, is_best=False)  # mid-epoch: last only
+    assert load(tmp_path / "last.pth.tar")["epoch"] == 4
+    assert load(tmp_path / "checkpoint-3.pth.tar")["epoch"] == 3
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# End to end
+
+def test_train_then_validate_tiny_folder(tiny_folder, data_env, tmp_path):
+    out = tmp_path / "run"
+    run(train_cmd(*TINY, "--data-dir", str(tiny_folder), "-b", "16", "--epochs", "2", "--drop-path", "0.1",
+                  "--model-ema", "--model-ema-decay", "0.9", "--output", str(tmp_path), "--experiment", "run"),
+        data_env)
+    names = {p.name for p in out.iterdir()}
+    assert {"last.pth.tar", "model_best.pth.tar", "checkpoint-0.pth.tar", "checkpoint-1.pth.tar", "summary.csv",
+            "summary.png", "args.yaml"} <= names
+    assert (out / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = read_summary(out)
+    assert [r["epoch"] for r in rows] == [0, 1]
+    assert all(math.isfinite(r[k]) for r in rows for k in ("train_loss", "eval_loss", "eval_ema_loss"))
+    ckpt = load(out / "last.pth.tar")
+    assert ckpt["arch"] == "test_wtconvnext" and ckpt["next_epoch"] == 2 and ckpt["next_update"] == 0
+    assert {"state_dict", "state_dict_ema", "optimizer", "scheduler", "args"} <= ckpt.keys()
+
+    # validate.py reads the model, its kwargs and preprocessing from the checkpoint and reproduces the last
+    # epoch's evaluation of the raw (non-EMA) weights exactly; results go to JSON or CSV.
+    results = tmp_path / "results.json"
+    run(validate_cmd("--checkpoint", str(out / "last.pth.tar"), "--no-use-ema", "--data-dir", str(tiny_folder),
+                     "--workers", "0", "--results-file", str(results)), data_env)
+    res = json.loads(results.read_text())
+    assert res["weights"] == "model" and res["num_images"] == 24
+    assert res["top1"] == pytest.approx(rows[-1]["eval_top1"], abs=1e-3)
+    assert res["loss"] == pytest.approx(rows[-1]["eval_loss"], rel=1e-4)
+    csv_path = tmp_path / "results.csv"
+    run(validate_cmd("--checkpoint", str(out / "last.pth.tar"), "--data-dir", str(tiny_folder), "--workers", "0",
+                     "--results-file", str(csv_path)), data_env)
+    with open(csv_path, newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["weights"] == "ema"
+    assert float(row["top1"]) == pytest.approx(rows[-1]["eval_ema_top1"], abs=1e-3)
+
+
+def test_resume_after_kill_mid_epoch_matches_uninterrupted(tiny_folder, data_env, tmp_path):
+    """Everything random is on (drop path, RandAugment, random erasing, mixup / cutmix, EMA, grad accumulation);
+    the interrupted run even loads with a worker process. Final weights, EMA, optimizer and logs must agree
+    bitwise."""
+    recipe = [*TINY, "--data-dir", str(tiny_folder), "-b", "8", "--grad-accum-steps", "2", "--epochs", "2",
+              "--drop-path", "0.2", "--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.25", "--mixup", "0.8",
+              "--cutmix", "1.0", "--model-ema", "--model-ema-decay", "0.9", "--output", str(tmp_path),
+              "--checkpoint-hist", "1"]
+    run(train_cmd(*recipe, "--experiment", "straight"), data_env)
+    # 96 images / 8 per batch = 12 batches = 6 updates per epoch; killed at update 9 (epoch 1, update 3), after
+    # the mid-epoch checkpoint at epoch 1, update 2.
+    run(train_cmd(*recipe, "--experiment", "killed", "--checkpoint-interval", "2", "--stop-after-updates", "9",
+                  "--workers", "1"), data_env, expect=train.EXIT_SIMULATED_KILL)
+    killed = tmp_path / "killed"
+    stopped = load(killed / "last.pth.tar")
+    assert (stopped["next_epoch"], stopped["next_update"], stopped["num_updates"]) == (1, 2, 8)
+    run(train_cmd(*recipe, "--resume", str(killed / "last.pth.tar")), data_env)
+
+    a, b = load(tmp_path / "straight" / "last.pth.tar"), load(killed / "last.pth.tar")
+    assert b["num_updates"] == a["num_updates"] == 12
+    for key in ("state_dict", "state_dict_ema", "optimizer"):
+        assert_state_equal(a[key], b[key], atol=0.0, what=f"{key}.")
+    assert read_summary(tmp_path / "straight") == read_summary(killed)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_two_processes_matches_one(tiny_folder, data_env, tmp_path):
+    """torchrun with 2 CPU processes (gloo) and 8 images each per step equals 1 process with 16: same samples,
+    same augmentations, gradients averaged. Drop path and mixup are per-process randomness, so they are off."""
+    common = [*TINY, "--data-dir", str(tiny_folder), "--epochs", "2", "--drop-path", "0", "--aa",
+              "rand-m9-mstd0.5-inc1", "--reprob", "0.25", "--smoothing", "0.1", "--output", str(tmp_path)]
+    run(train_cmd(*common, "-b", "16", "--experiment", "one"), data_env)
+    env = dict(data_env, OMP_NUM_THREADS="1")
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+         f"--master-port={_free_port()}", str(REPO / "train.py"), *common, "-b", "8", "--experiment", "two",
+         ], env)
+    one, two = read_summary(tmp_path / "one"), read_summary(tmp_path / "two")
+    assert len(one) == len(two) == 2
+    for r1, r2 in zip(one, two):
+        for key in ("train_loss", "eval_loss"):
+            assert r2[key] == pytest.approx(r1[key], rel=1e-4), key
+        # Weights agree to ~1e-6, so at most a near-tie among the 24 images may flip.
+        assert r2["eval_top1"] == pytest.approx(r1["eval_top1"], abs=100 / 24 + 1e-6)
+    assert_state_equal(load(tmp_path / "one" / "last.pth.tar")["state_dict"],
+                       load(tmp_path / "two" / "last.pth.tar")["state_dict"], atol=1e-4)
+    args = yaml.safe_load((tmp_path / "two" / "args.yaml").read_text())
+    assert args["world_size"] == 2 and args["distributed"]
+
+
+def test_digits_default_learns(data_env, tmp_path):
+    """The README's main job, shortened to 3 epochs: it must clearly learn, and validate.py (no --data-dir: the
+    digits val split) must agree with the run's own evaluation."""
+    run(train_cmd("--epochs", "3", "--warmup-epochs", "1", "--no-progress", "--device", "cpu", "--output",
+                  str(tmp_path),
+                  "--experiment", "digits"), data_env)
+    rows = read_summary(tmp_path / "digits")
+    assert len(rows) == 3
+    assert rows[-1]["eval_top1"] > 60.0, rows
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+    results = tmp_path / "digits.json"
+    run(validate_cmd("--checkpoint", str(tmp_path / "digits" / "last.pth.tar"), "--workers", "0",
+                     "--results-file", str(results)), data_env)
+    res = json.loads(results.read_text())
+    assert res["num_images"] == 360
+    assert res["top1"] == pytest.approx(rows[-1]["eval_top1"], abs=1e-3)
+
+
+@pytest.fixture(scope="module")
+def golden_model_args(golden_dir) -> tuple[Path, list[str]]:
+    (entry,) = [m for m in json.loads((golden_dir / "index.json").read_text())["models"] if m["name"] == "small_odd"]
+    kwargs = {k: v for k, v in entry["kwargs"].items() if k != "num_classes"}
+    args = ["--model", "wtconvnext_tiny", "--num-classes", str(entry["kwargs"]["num_classes"]), "--img-size",
+            str(entry["input_shape"][-1]), "--model-kwargs", json.dumps(kwargs), "--workers", "0"]
+    return golden_dir / entry["checkpoint"], args
+
+
+def test_load_model_weights_reproduces_golden_logits(golden_dir, golden_model_args):
+    """validate.py's loading path (reference .pth -> unwrap -> checkpoint_filter_fn) gives the reference's logits."""
+    import timm
+    from safetensors.torch import load_file
+
+    ckpt, _ = golden_model_args
+    model = timm.create_model("wtconvnext_tiny", num_classes=10, depths=(1, 1, 2, 1), dims=(16, 32, 64, 128))
+    assert validate.load_model_weights(model, ckpt) == "ema"
+    io = load_file(str(golden_dir / "model_small_odd_io.safetensors"))
+    with torch.no_grad():
+        logits = model.double().eval()(io["x"].double())
+    torch.testing.assert_close(logits, io["logits"].double(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("data", ["generated", "digits"])
+def test_validate_golden_reference_checkpoint(data, golden_model_args, golden_folder, data_env, tmp_path):
+    ckpt, args = golden_model_args
+    data_args = ["--data-dir", str(golden_folder)] if data == "generated" else []  # none: digits val split
+    results = tmp_path / "r.json"
+    proc = run(validate_cmd("--checkpoint", str(ckpt), *args, *data_args, "--results-file", str(results)), data_env)
+    res = json.loads(results.read_text())
+    assert res["num_images"] == (20 if data == "generated" else 360)
+    assert math.isfinite(res["loss"]) and 0.0 <= res["top1"] <= res["top5"] <= 100.0
+    assert res["weights"] == "ema" and res["img_size"] == 96
+    assert "top-1" in proc.stdout and "images/s" in proc.stdout
