@@ -25,6 +25,11 @@ if not torch.cuda.is_available():
 
 import wtconvnext  # noqa: E402,F401  (registers the models with timm)
 
+# One intra-op thread: the tensors here are small, so a second thread buys little, and with OpenMP's spinning
+# barriers every small op stalls whenever another process holds a core (measured: the layer tests ran 0.6 s with
+# one thread, 2.5-50 s with two on a busy 2-core machine). WTCONVNEXT_TEST_THREADS overrides.
+torch.set_num_threads(int(os.environ.get("WTCONVNEXT_TEST_THREADS", "1")))
+
 
 def find_golden() -> Path:
     """Return the golden data directory (see the module docstring)."""
@@ -62,12 +67,6 @@ def _seed_everything() -> None:
         np.random.seed(0)
     except ImportError:  # numpy is optional here
         pass
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _cpu_threads() -> None:
-    # CI has 2 cores; more threads than cores only adds contention for these small shapes.
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
 @pytest.fixture(scope="session")
