@@ -22,17 +22,25 @@ except ImportError:  # pragma: no cover - triton ships with the Linux torch whee
 __all__ = ["TRITON_AVAILABLE", "wtconv2d_triton"]
 
 
-def _output_like(x: Tensor, stride: int) -> Tensor:
-    """Output buffer of shape (B, C, ceil(H/s), ceil(W/s)) in x's memory format (shared by real and fake kernels)."""
+def _output_format(x: Tensor) -> torch.memory_format:
+    """channels_last for a channels_last input, else contiguous (shared by the real and fake kernels)."""
+    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+def _output_shape(x: Tensor, stride: int) -> tuple[int, int, int, int]:
     bsz, ch, h, w = x.shape
-    shape = (bsz, ch, -(-h // stride), -(-w // stride))
-    channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    return torch.empty(shape, device=x.device, dtype=x.dtype, memory_format=fmt)
+    return bsz, ch, -(-h // stride), -(-w // stride)
 
 
-def _grad_like(x: Tensor) -> Tensor:
-    return _output_like(x, 1)
+def _empty_output(x: Tensor, stride: int) -> Tensor:
+    return torch.empty(_output_shape(x, stride), device=x.device, dtype=x.dtype, memory_format=_output_format(x))
+
+
+def _in_format_of(t: Tensor, x: Tensor) -> Tensor:
+    """The NCHW-contiguous kernel result ``t`` in x's memory format."""
+    fmt = _output_format(x)
+    return t if fmt == torch.contiguous_format else t.contiguous(memory_format=fmt)
 
 
 if TRITON_AVAILABLE:
@@ -48,17 +56,21 @@ if TRITON_AVAILABLE:
         wavelet_scale: Tensor,
         stride: int,
     ) -> Tensor:
-        out = _output_like(x, stride)
+        # The kernels take any strides, but walk planes: on channels_last data they ran 1.2-2.5x slower on the
+        # H200 (results/h200/layer_v0_untuned.txt), far more than two copies cost, so they always see NCHW.
+        xc = x.contiguous()
+        out = torch.empty(_output_shape(x, stride), device=x.device, dtype=x.dtype)
         levels = wavelet_weight.shape[0]
-        pyr = ll_pyramid(x, levels)
-        return wtconv_forward(
+        pyr = ll_pyramid(xc, levels)
+        wtconv_forward(
             pyr, out, weight.contiguous(), None if bias is None else bias.contiguous(), base_scale.contiguous(),
             wavelet_weight.contiguous(), wavelet_scale.contiguous(), stride,
         )
+        return _in_format_of(out, x)
 
     @_wtconv2d_op.register_fake
     def _(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
-        return _output_like(x, stride)
+        return _empty_output(x, stride)
 
     @torch.library.custom_op("wtconvnext::wtconv2d_backward", mutates_args=(), device_types=None)
     def _wtconv2d_backward_op(
@@ -80,10 +92,12 @@ if TRITON_AVAILABLE:
             dy_full = dy.new_zeros((bsz, ch, h, w))
             dy_full[:, :, ::stride, ::stride] = dy
             dy = dy_full
-        gpyr = ll_pyramid(dy, levels)
-        xpyr = ll_pyramid(x, levels)
+        gpyr = ll_pyramid(dy.contiguous(), levels)
+        xpyr = ll_pyramid(x.contiguous(), levels)
         # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
-        dx = wtconv_forward(gpyr, _grad_like(x), weight, None, base_scale, wavelet_weight, wavelet_scale, 1, flip=True)
+        dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+        wtconv_forward(gpyr, dx, weight, None, base_scale, wavelet_weight, wavelet_scale, 1, flip=True)
+        dx = _in_format_of(dx, x)
         level_corr, base_corr, dy_sum = wtconv_weight_grads(xpyr, gpyr, k, levels)
         acc = base_corr.dtype
         bs = base_scale.to(acc)
@@ -106,7 +120,7 @@ if TRITON_AVAILABLE:
     @_wtconv2d_backward_op.register_fake
     def _(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
         return (
-            _grad_like(x),
+            _empty_output(x, 1),
             torch.empty_like(weight, memory_format=torch.contiguous_format),
             torch.empty_like(bias if bias is not None else base_scale, memory_format=torch.contiguous_format),
             torch.empty_like(base_scale, memory_format=torch.contiguous_format),
