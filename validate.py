@@ -28,7 +28,6 @@ import sys
 import time
 from contextlib import nullcontext
 from functools import partial
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch

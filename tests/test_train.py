@@ -38,7 +38,7 @@ from wtconvnext.data import (  # noqa: E402
     prepare_digits,
 )
 
-# Small but real: every WTConv branch runs (2 levels on the 8x8 first stage), drop path and layer scale included.
+# Small but real: every WTConv branch runs (2 levels on the 8x8 first stage); tests switch on the randomness they need.
 TINY = ["--model", "test_wtconvnext", "--model-kwargs", '{"wt_levels": [2, 1, 1, 1]}', "--img-size", "32",
         "--crop-pct", "1.0", "--warmup-epochs", "1", "--lr", "2e-3", "--workers", "0", "--device", "cpu",
         "--log-interval", "0", "--no-progress"]
@@ -64,10 +64,12 @@ def _write_image_folder(root: Path, classes: int, per_class: dict[str, int], siz
 
 @pytest.fixture(scope="session")
 def data_env(tmp_path_factory) -> dict[str, str]:
-    """Environment for the subprocesses: a private dataset cache, one thread per process, no CI-only surprises."""
+    """Environment for the subprocesses: a private dataset cache and the thread count."""
     env = dict(os.environ)
     env["WTCONVNEXT_DATA"] = str(tmp_path_factory.mktemp("wtdata"))
-    env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "2")
+    # One intra-op thread per process unless WTCONVNEXT_TEST_THREADS says otherwise, as conftest does in-process:
+    # with OpenMP's spinning barriers, two threads stall whenever another process holds one of CI's 2 cores.
+    env["OMP_NUM_THREADS"] = os.environ.get("WTCONVNEXT_TEST_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     return env
 
@@ -210,6 +212,16 @@ def test_prepare_digits(tmp_path):
     assert prepare_digits(root) == root and (root / "train").stat().st_mtime == mtime  # cached, not rewritten
 
 
+def test_prepare_digits_concurrent_writers(tmp_path, data_env):
+    """Every torchrun rank calls prepare_digits at once; all must succeed and leave one complete tree."""
+    code = "import sys; from wtconvnext.data import prepare_digits; prepare_digits(sys.argv[1])"
+    root = tmp_path / "digits"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(root)], env=data_env, cwd=REPO) for _ in range(3)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0, 0]
+    assert sum(1 for _ in root.rglob("*.png")) == 1797
+    assert [p.name for p in tmp_path.iterdir()] == ["digits"]  # no temporary trees left behind
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Arguments and configs
 
@@ -275,9 +287,10 @@ def test_checkpoint_manager_keeps_last_n_and_best(tmp_path):
 
 def test_train_then_validate_tiny_folder(tiny_folder, data_env, tmp_path):
     out = tmp_path / "run"
-    run(train_cmd(*TINY, "--data-dir", str(tiny_folder), "-b", "16", "--epochs", "2", "--drop-path", "0.1",
-                  "--model-ema", "--model-ema-decay", "0.9", "--output", str(tmp_path), "--experiment", "run"),
-        data_env)
+    proc = run(train_cmd(*TINY, "--data-dir", str(tiny_folder), "-b", "16", "--epochs", "2", "--drop-path", "0.1",
+                         "--model-ema", "--model-ema-decay", "0.9", "--log-interval", "2", "--output", str(tmp_path),
+                         "--experiment", "run"), data_env)
+    assert "Train 1 [4/6] loss" in proc.stderr and "Global batch 16 = 16" in proc.stderr
     names = {p.name for p in out.iterdir()}
     assert {"last.pth.tar", "model_best.pth.tar", "checkpoint-0.pth.tar", "checkpoint-1.pth.tar", "summary.csv",
             "summary.png", "args.yaml"} <= names
@@ -305,6 +318,18 @@ def test_train_then_validate_tiny_folder(tiny_folder, data_env, tmp_path):
         (row,) = list(csv.DictReader(f))
     assert row["weights"] == "ema"
     assert float(row["top1"]) == pytest.approx(rows[-1]["eval_ema_top1"], abs=1e-3)
+
+    # A converted-style .safetensors file (flat, native keys) needs the model spelled out on the command line.
+    from safetensors.torch import save_file
+
+    flat = tmp_path / "model.safetensors"
+    save_file({k: v.contiguous() for k, v in ckpt["state_dict"].items()}, str(flat))
+    run(validate_cmd("--checkpoint", str(flat), *TINY[:4], "--num-classes", "4", "--img-size", "32",
+                     "--crop-pct", "1.0", "--data-dir", str(tiny_folder), "--workers", "0",
+                     "--results-file", str(results)), data_env)
+    res = json.loads(results.read_text())
+    assert res["weights"] == "model"
+    assert res["top1"] == pytest.approx(rows[-1]["eval_top1"], abs=1e-3)
 
 
 def test_resume_after_kill_mid_epoch_matches_uninterrupted(tiny_folder, data_env, tmp_path):
@@ -344,10 +369,9 @@ def test_ddp_two_processes_matches_one(tiny_folder, data_env, tmp_path):
     common = [*TINY, "--data-dir", str(tiny_folder), "--epochs", "2", "--drop-path", "0", "--aa",
               "rand-m9-mstd0.5-inc1", "--reprob", "0.25", "--smoothing", "0.1", "--output", str(tmp_path)]
     run(train_cmd(*common, "-b", "16", "--experiment", "one"), data_env)
-    env = dict(data_env, OMP_NUM_THREADS="1")
     run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-         f"--master-port={_free_port()}", str(REPO / "train.py"), *common, "-b", "8", "--experiment", "two",
-         ], env)
+         f"--master-port={_free_port()}", str(REPO / "train.py"), *common, "-b", "8", "--experiment", "two"],
+        data_env)
     one, two = read_summary(tmp_path / "one"), read_summary(tmp_path / "two")
     assert len(one) == len(two) == 2
     for r1, r2 in zip(one, two):

@@ -103,8 +103,9 @@ def prepare_digits(
                 img = Image.fromarray(pixels, mode="L").resize((size, size), Image.BICUBIC).convert("RGB")
                 img.save(tmp / split / str(labels[i]) / f"{i:04d}.png")
         (tmp / _DIGITS_FORMAT).write_text(f"{len(idx_train)} train, {len(idx_val)} val, {size}x{size}\n")
-        if root.exists():
-            # An incomplete or outdated tree (no current marker): replace it.
+        if root.exists() and not marker.exists():
+            # An outdated tree (older format, or written by hand): replace it. A tree with the current marker
+            # was just renamed into place by a concurrent process and is left alone.
             shutil.rmtree(root, ignore_errors=True)
         try:
             os.rename(tmp, root)
