@@ -295,3 +295,13 @@ def test_mismatched_device() -> None:
     layer = WTConv2d(4, 4, kernel_size=3, wt_levels=1)
     with pytest.raises(ValueError, match="input is on cuda"):
         layer(torch.randn(1, 4, 8, 8, device="cuda"))
+
+
+def test_triton_backend_on_cpu_without_interpreter_is_a_clear_error(monkeypatch):
+    from wtconvnext.ops import wtconv2d
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    x = torch.randn(1, 2, 8, 8)
+    params = (torch.randn(2, 1, 3, 3), None, torch.ones(2), torch.randn(1, 2, 4, 3, 3), torch.ones(1, 2, 4))
+    with pytest.raises(ValueError, match="runs on CUDA tensors"):
+        wtconv2d(x, *params, backend="triton")

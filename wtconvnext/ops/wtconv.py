@@ -134,6 +134,11 @@ def wtconv2d(
     """
     check_wtconv_inputs(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
     if resolve_backend(x, backend) == "triton":
+        if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(
+                f"the 'triton' WTConv backend runs on CUDA tensors (input is on {x.device}); set TRITON_INTERPRET=1 "
+                "before importing wtconvnext to run the kernels on the CPU, or use backend='reference'"
+            )
         from .wtconv_triton import wtconv2d_triton
 
         return wtconv2d_triton(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
