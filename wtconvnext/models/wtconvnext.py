@@ -13,6 +13,7 @@ except inside ``conv_dw``, which uses :class:`~wtconvnext.layers.WTConv2d`'s nat
 
 from __future__ import annotations
 
+import inspect
 from functools import partial
 from typing import Any, Callable, Mapping, Optional, Union
 
@@ -290,7 +291,8 @@ class WTConvNeXt(nn.Module):
                 act_layer="gelu",
                 **dd,
             )
-        self.head_hidden_size = self.head.num_features
+        # timm <= 1.0.29's ClassifierHead has no num_features (the GPU image runs 1.0.29)
+        self.head_hidden_size = getattr(self.head, "num_features", self.num_features)
         named_apply(partial(_init_weights, head_init_scale=head_init_scale), self)
 
     @torch.jit.ignore
@@ -330,8 +332,17 @@ class WTConvNeXt(nn.Module):
             reset_other: also drop the head's norm and pre-logits layers.
         """
         self.num_classes = num_classes
-        self.head.reset(num_classes, global_pool, reset_other=reset_other)
-        self.head_hidden_size = self.head.num_features
+        if "reset_other" in inspect.signature(self.head.reset).parameters:
+            self.head.reset(num_classes, global_pool, reset_other=reset_other)
+        else:
+            # timm <= 1.0.29 (the GPU image's): NormMlpClassifierHead.reset cannot drop its norm / pre-logits.
+            if reset_other and isinstance(self.head, NormMlpClassifierHead):
+                self.head.norm = nn.Identity()
+                self.head.pre_logits = nn.Identity()
+                self.head.hidden_size = None
+                self.head.num_features = self.head.in_features
+            self.head.reset(num_classes, global_pool)
+        self.head_hidden_size = getattr(self.head, "num_features", self.num_features)
 
     def forward_intermediates(
         self,
