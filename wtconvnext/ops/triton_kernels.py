@@ -336,8 +336,9 @@ def _needs_int64(*tensors: Tensor) -> bool:
     for t in tensors:
         if t.dim() == 4:
             span = (t.shape[2] - 1) * abs(t.stride(2)) + (t.shape[3] - 1) * abs(t.stride(3))
-            # Offsets of masked-off neighbours reach a little past the map; keep a wide margin.
-            if span + 4 * (abs(t.stride(2)) + abs(t.stride(3))) * 16 >= 2**31 - 1:
+            # Masked-off taps still compute offsets up to 2 * (K // 2) + 1 rows / columns outside the map; keep
+            # those representable too (a 64-row / column margin covers every K <= 61).
+            if span + 64 * (abs(t.stride(2)) + abs(t.stride(3))) >= 2**31 - 1:
                 return True
     return False
 
