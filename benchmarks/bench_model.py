@@ -2,7 +2,7 @@
 
 Usage (any CUDA GPU)::
 
-    python benchmarks/bench_model.py [--out results/model.json] [--no-compile] [--batch 128] [--infer-batch 256]
+    python benchmarks/bench_model.py [--out results/model.json] [--no-compile | --compile-amp-only] [--batch 128]
 
 Measures, for each model: AdamW training step images/s at 224^2 under bf16 autocast and in fp32, eager and (unless
 --no-compile) torch.compile; inference images/s under bf16 autocast and fp32; peak memory of a training step. Both
@@ -98,6 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--infer-batch", type=int, default=256)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--compile-amp-only", action="store_true", help="torch.compile runs under bf16 AMP only")
+    ap.add_argument("--compiled-only", action="store_true", help="skip the eager training and inference runs")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args(argv)
@@ -110,14 +112,16 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = True  # timm's train.py default behaviour on Ampere+ for fp32
     torch.backends.cudnn.allow_tf32 = True
     rows = []
-    modes = [(False,)] if args.no_compile else [(False,), (True,)]
+    modes = [(False,)] if args.no_compile else ([(True,)] if args.compiled_only else [(False,), (True,)])
     for (compile_,) in modes:
         for amp in (True, False):
+            if compile_ and args.compile_amp_only and not amp:
+                continue
             for name in MODELS:
                 r = _train_case(name, amp, compile_, args.batch, args.warmup, args.iters)
                 rows.append(dict(model=name, task="train", amp=amp, compile=compile_, batch=args.batch, **r))
                 print(f"  {rows[-1]}", flush=True)
-    for amp in (True, False):
+    for amp in () if args.compiled_only else (True, False):
         for name in MODELS:
             r = _infer_case(name, amp, False, args.infer_batch, args.warmup, args.iters)
             rows.append(dict(model=name, task="infer", amp=amp, compile=False, batch=args.infer_batch, **r))

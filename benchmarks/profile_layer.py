@@ -1,5 +1,8 @@
 """Per-kernel CUDA time of one WTConv forward + backward (torch.profiler), for finding where the time goes.
 
+Also prints the wall time per iteration without the profiler: when it is well above the kernels' total, the layer
+is bound by host-side launch overhead, not by the GPU.
+
     python benchmarks/profile_layer.py [--shapes 0 3] [--dtypes fp32 bf16] [--cl]
 """
 
@@ -7,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -33,6 +37,11 @@ def main(argv=None) -> int:
             for _ in range(3):
                 fwdbwd()
             torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(args.iters):
+                fwdbwd()
+            torch.cuda.synchronize()
+            wall = (time.perf_counter() - start) / args.iters * 1000
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(args.iters):
                     fwdbwd()
@@ -48,6 +57,7 @@ def main(argv=None) -> int:
                 print(f"{t / 1000:8.3f} ms  x{n:<3d} {k[:90]}")
                 total += t
             print(f"{total / 1000:8.3f} ms  total of the rows above")
+            print(f"{wall:8.3f} ms  wall time per iteration (no profiler)")
     return 0
 
 

@@ -1,10 +1,12 @@
-"""Sweep the launch shapes of the fused WTConv kernels (tile elements x warps) on the current GPU.
+"""Sweep the launch shapes of the fused WTConv kernels on the current GPU and write the best as a tuning file.
 
-    python benchmarks/tune_tiles.py [--out results/tune.json] [--dtypes bf16 fp32]
+    python benchmarks/tune_tiles.py [--out results/tune.json] [--best-out tuned.json] [--dtypes bf16 fp32]
 
-Times the forward (all level kernels) and the weight-gradient kernels separately at each WTConvNeXt-T stage shape
-for every configuration and prints the best. The chosen values go into ``TUNING`` in
-``wtconvnext/ops/triton_kernels.py`` (fixed tiles keep the weight gradients bitwise reproducible).
+Times the forward (pyramid + level kernels) and the weight-gradient kernels separately at each WTConvNeXt-T stage
+shape for every configuration, prints the best per shape, and writes to ``--best-out`` the configuration with the
+least total time over the shapes (forward and weight-gradient chosen independently). Use it with
+``WTCONVNEXT_TUNING=<best-out>`` or copy it into ``TUNING`` in ``wtconvnext/ops/triton_kernels.py``; fixed shapes
+keep the weight gradients bitwise reproducible.
 """
 
 from __future__ import annotations
@@ -21,52 +23,81 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import DTYPES, SHAPES, _bench  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
-from wtconvnext.ops import wtconv2d  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results/tune.json")
+    ap.add_argument("--best-out", default=None, help="write the best configuration here (JSON for WTCONVNEXT_TUNING)")
     ap.add_argument("--dtypes", nargs="+", default=["bf16"])
-    ap.add_argument("--elems", type=int, nargs="+", default=[512, 1024, 2048])
-    ap.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--fwd-positions", type=int, nargs="+", default=[8, 16, 32])
+    ap.add_argument("--fwd-block-c", type=int, nargs="+", default=[32, 64, 128])
+    ap.add_argument("--fwd-warps", type=int, nargs="+", default=[4])
+    ap.add_argument("--wgrad-positions", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--wgrad-block-c", type=int, nargs="+", default=[16, 32, 64])
+    ap.add_argument("--wgrad-warps", type=int, nargs="+", default=[4])
     args = ap.parse_args(argv)
-    rows = []
     default = dict(tk.TUNING)
+    rows = []
+    k = 5
     for dname in args.dtypes:
         dtype = DTYPES[dname]
         for b, c, h, w, levels in SHAPES[:4]:
-            x = torch.randn(b, c, h, w, device="cuda", dtype=dtype)
+            x = torch.randn(b, c, h, w, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
             dy = torch.randn_like(x)
-            k = 5
             p = [torch.randn(c, 1, k, k, device="cuda", dtype=dtype) * 0.1, torch.zeros(c, device="cuda", dtype=dtype),
                  torch.ones(c, device="cuda", dtype=dtype), torch.randn(levels, c, 4, k, k, device="cuda", dtype=dtype),
                  torch.full((levels, c, 4), 0.1, device="cuda", dtype=dtype)]
+            folded = tk.folded_weights(*p)
+            out = torch.empty_like(x)
             xpyr = tk.ll_pyramid(x, levels)
             gpyr = tk.ll_pyramid(dy, levels)
-            for elems, warps in itertools.product(args.elems, args.warps):
-                tk.TUNING.update(fwd_elems=elems, fwd_small_elems=elems, fwd_warps=warps, wgrad_elems=elems, wgrad_warps=warps)
-                fwd = lambda: wtconv2d(x, *p, backend="triton")  # noqa: E731
-                wgrad = lambda: tk.wtconv_weight_grads(xpyr, gpyr, k, levels)  # noqa: E731
+
+            def fwd():
+                tk.wtconv_forward(tk.ll_pyramid(x, levels), out, *folded, 1)
+
+            def wgrad():
+                tk.wtconv_weight_grads(xpyr, gpyr, k, levels)
+
+            for pos, bc, warps in itertools.product(args.fwd_positions, args.fwd_block_c, args.fwd_warps):
+                tk.TUNING.update(fwd_positions=pos, fwd_block_c=bc, fwd_warps=warps)
                 fwd()
-                wgrad()
-                row = dict(dtype=dname, C=c, H=h, levels=levels, elems=elems, warps=warps,
-                           fwd_ms=_bench(fwd, rep=30), wgrad_ms=_bench(wgrad, rep=30))
-                rows.append(row)
-                print(row, flush=True)
+                rows.append(dict(kernel="fwd", dtype=dname, C=c, H=h, levels=levels, positions=pos, block_c=bc,
+                                 warps=warps, ms=_bench(fwd, warmup=5, rep=20)))
+                print(rows[-1], flush=True)
             tk.TUNING.update(default)
-    print("\nbest per shape:")
-    for key in sorted({(r["dtype"], r["C"]) for r in rows}):
-        sel = [r for r in rows if (r["dtype"], r["C"]) == key]
-        bf = min(sel, key=lambda r: r["fwd_ms"])
-        bw = min(sel, key=lambda r: r["wgrad_ms"])
-        d = [r for r in sel if r["elems"] == default["fwd_elems"] and r["warps"] == 4]
-        print(f"{key}: fwd best {bf['fwd_ms']:.3f} ms @ elems={bf['elems']} warps={bf['warps']}"
-              f" (1024/4: {d[0]['fwd_ms'] if d else float('nan'):.3f}); wgrad best {bw['wgrad_ms']:.3f} ms @ "
-              f"elems={bw['elems']} warps={bw['warps']} (1024/4: {d[0]['wgrad_ms'] if d else float('nan'):.3f})")
+            for pos, bc, warps in itertools.product(args.wgrad_positions, args.wgrad_block_c, args.wgrad_warps):
+                tk.TUNING.update(wgrad_positions=pos, wgrad_block_c=bc, wgrad_warps=warps)
+                wgrad()
+                rows.append(dict(kernel="wgrad", dtype=dname, C=c, H=h, levels=levels, positions=pos, block_c=bc,
+                                 warps=warps, ms=_bench(wgrad, warmup=5, rep=20)))
+                print(rows[-1], flush=True)
+            tk.TUNING.update(default)
+    best = {}
+    print("\nbest per shape (default in brackets):")
+    for kern in ("fwd", "wgrad"):
+        sel = [r for r in rows if r["kernel"] == kern]
+        for key in sorted({(r["dtype"], r["C"]) for r in sel}):
+            cand = [r for r in sel if (r["dtype"], r["C"]) == key]
+            b = min(cand, key=lambda r: r["ms"])
+            d = [r for r in cand if (r["positions"], r["block_c"], r["warps"])
+                 == (default[f"{kern}_positions"], default[f"{kern}_block_c"], default[f"{kern}_warps"])]
+            dms = f"{d[0]['ms']:.3f}" if d else "n/a"
+            print(f"  {kern:5} {key}: {b['ms']:.3f} ms @ positions={b['positions']} block_c={b['block_c']} "
+                  f"warps={b['warps']} [{dms}]")
+        # The configuration with the least total time over all shapes and dtypes.
+        totals: dict[tuple[int, int, int], float] = {}
+        for r in sel:
+            cfg = (r["positions"], r["block_c"], r["warps"])
+            totals[cfg] = totals.get(cfg, 0.0) + r["ms"]
+        pos, bc, warps = min(totals, key=totals.get)
+        best.update({f"{kern}_positions": pos, f"{kern}_block_c": bc, f"{kern}_warps": warps})
+        print(f"  {kern:5} best overall: positions={pos} block_c={bc} warps={warps}, total {totals[(pos, bc, warps)]:.3f} ms")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=1))
+    out.write_text(json.dumps(dict(rows=rows, best=best, default=default), indent=1))
+    if args.best_out:
+        Path(args.best_out).write_text(json.dumps(best, indent=1))
     return 0
 
 

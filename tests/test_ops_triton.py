@@ -215,12 +215,22 @@ def test_bad_input_is_rejected_before_launch():
 
 def test_opcheck_and_compile():
     """Fake kernels, schema and autograd registration are consistent; compile traces the layer with no graph break."""
+    import wtconvnext.ops.wtconv_triton  # noqa: F401  (registers the ops even when this test runs alone)
+
     c, k, levels = 2, 3, 2
     params = _params(c, k, levels, True, torch.float32)
     x = torch.randn(1, c, 9, 6, device=DEVICE, requires_grad=True)
     ps = [p.requires_grad_() for p in params]
     torch.library.opcheck(torch.ops.wtconvnext.wtconv2d.default, (x, *ps, 1),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+    # The backward op too: its real outputs must have the fake kernel's shapes and strides (Inductor asserts them).
+    for fmt, stride in ((torch.contiguous_format, 1), (torch.channels_last, 2)):
+        xf = x.detach().contiguous(memory_format=fmt)
+        dy = torch.randn(1, c, -(-9 // stride), -(-6 // stride), device=DEVICE).contiguous(memory_format=fmt)
+        torch.library.opcheck(torch.ops.wtconvnext.wtconv2d_backward.default,
+                              (dy, xf, *[p.detach() for p in params], stride),
+                              test_utils=("test_schema", "test_faketensor"))
 
     layer = WTConv2d(c, c, k, wt_levels=levels, backend="triton").to(DEVICE)
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")

@@ -1,4 +1,4 @@
-"""Triton kernels of the fused WTConv (Haar) and their launchers.
+"""Triton kernels of the fused WTConv (Haar) and their launchers. Every tensor they touch is channels-last.
 
 Layout of the computation (L levels, level i = 1..L works at 2^-i resolution):
 
@@ -7,20 +7,28 @@ Layout of the computation (L levels, level i = 1..L works at 2^-i resolution):
   2x2 block of ``LL_{i-1}`` it comes from (the Haar butterfly).
 - Level kernel for level i: filtered coefficients ``t_i = conv(butterfly(LL_{i-1}), scale_i * W_i)`` on a tile of
   coarse positions, plus the already synthesised coarser levels ``acc_{i+1}`` on the LL subband, then one
-  synthesis step to ``acc_i`` at the resolution of ``LL_{i-1}``. At level 1 the same program also computes the base
-  conv ``base_scale * (conv(x, W) + b)`` and writes ``y`` (strided, in x's memory layout), so y is written once.
+  synthesis step to ``acc_i`` at the resolution of ``LL_{i-1}``. At level 1 the same program also adds the base
+  conv ``conv(x, base_scale * W) + base_scale * b`` and writes ``y`` (strided), so y is written once.
 - Backward: the input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees (no
-  bias); the weight gradients are tile-wise correlations of the coefficient pyramids of x and dy, reduced into
-  per-tile fp32 partial buffers and summed afterwards (deterministic, no atomics).
+  bias); the weight gradients are correlations of the coefficient pyramids of x and dy, accumulated per program
+  over a fixed range of positions into fp32 partials that are summed afterwards (deterministic, no atomics).
 
-Every scale is folded into its weights inside the kernels (``w * s`` when the weight is loaded), so scales cost no
-extra pass and their gradients follow from the same correlations. Arithmetic is fp32 (fp64 for fp64 inputs);
-outputs are stored in the input dtype. Plane offsets are int64; in-plane offsets are int64 when a plane's span can
-pass 2^31 elements (``INDEX_64``).
+Why channels-last: a program owns a tile of positions x a block of channels. Channels are contiguous, so every load
+and store is a wide vector, one mask per position serves all its channels, and a weight tap is one channel vector
+reused by every position of the tile. (The first, plane-walking NCHW kernels spent 2-3 integer / mask / address
+instructions per FMA; results/h200/layer_v0_untuned.txt.)
+
+The scales are folded into the weights once per call (``scale * W``, in fp32), so they cost no pass of their own and
+their gradients follow from the same correlations. Arithmetic is fp32 (fp64 for fp64 inputs); outputs are stored in
+the output tensor's dtype. Per-position offsets are int64 (a single image may pass 2^31 elements); channel offsets
+within a position are 32-bit.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -28,52 +36,27 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["ll_pyramid", "wtconv_forward", "wtconv_weight_grads"]
+__all__ = ["ll_pyramid", "wtconv_forward", "wtconv_weight_grads", "TUNING"]
 
 
 @triton.jit
-def _ll_kernel(
-    src_ptr,  # (P, Hs, Ws) any strides: the finer low-pass (x, or a previous level)
-    out_ptr,  # (P, Hc, Wc) contiguous, compute dtype
-    P, C, Hs, Ws, Hc, Wc,
-    s_b, s_c, s_h, s_w,  # strides of src, plane index p = b * C + c
-    BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    INDEX_64: tl.constexpr, COMPUTE: tl.constexpr,
-):
-    pid_p = tl.program_id(0).to(tl.int64)
-    pid_m = tl.program_id(1)
-    pid_n = tl.program_id(2)
-    p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)[:, None, None]
-    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)[None, :, None]
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :]
-    if INDEX_64:
-        m = m.to(tl.int64)
-        n = n.to(tl.int64)
-    pmask = p < P
-    plane = src_ptr + ((p // C) * s_b + (p % C) * s_c)
-    s0, _, _, _ = _butterfly_at(plane, pmask, m, n, Hs, Ws, s_h, s_w, COMPUTE)
-    out = s0
-    omask = pmask & (m < Hc) & (n < Wc)
-    tl.store(out_ptr + p * (Hc * Wc) + m * Wc + n, out, mask=omask)
-
-
-@triton.jit
-def _butterfly_at(plane, pmask, mm, nn, Hs, Ws, s_h, s_w, COMPUTE: tl.constexpr):
+def _butterfly_at(base, cc, cmask, mm, nn, Hs, Ws, s_h, s_w, COMPUTE: tl.constexpr):
     """The four Haar subbands of the 2x2 blocks at coarse positions (mm, nn); zero outside the finer map.
 
-    ``plane`` points at each plane's origin; in-plane offsets stay 32-bit unless mm / nn are int64.
+    ``base`` points at each position's image (any shape broadcastable with ``mm``); ``cc`` are channel offsets.
     """
     r0 = 2 * mm
     c0 = 2 * nn
-    mr0 = (r0 >= 0) & (r0 < Hs)
-    mr1 = (r0 + 1 >= 0) & (r0 + 1 < Hs)
-    mc0 = (c0 >= 0) & (c0 < Ws)
-    mc1 = (c0 + 1 >= 0) & (c0 + 1 < Ws)
-    ptr = plane + (r0 * s_h + c0 * s_w)
-    a = tl.load(ptr, mask=pmask & mr0 & mc0, other=0.0).to(COMPUTE)
-    b = tl.load(ptr + s_w, mask=pmask & mr0 & mc1, other=0.0).to(COMPUTE)
-    c = tl.load(ptr + s_h, mask=pmask & mr1 & mc0, other=0.0).to(COMPUTE)
-    d = tl.load(ptr + s_h + s_w, mask=pmask & mr1 & mc1, other=0.0).to(COMPUTE)
+    # r0 is even, so r0 + 1 >= 0 exactly when r0 >= 0.
+    top = (r0 >= 0) & (r0 < Hs)
+    bot = (r0 >= 0) & (r0 + 1 < Hs)
+    left = (c0 >= 0) & (c0 < Ws)
+    right = (c0 >= 0) & (c0 + 1 < Ws)
+    ptr = base + (r0.to(tl.int64) * s_h + c0.to(tl.int64) * s_w) + cc
+    a = tl.load(ptr, mask=cmask & top & left, other=0.0).to(COMPUTE)
+    b = tl.load(ptr + s_w, mask=cmask & top & right, other=0.0).to(COMPUTE)
+    c = tl.load(ptr + s_h, mask=cmask & bot & left, other=0.0).to(COMPUTE)
+    d = tl.load(ptr + (s_h + s_w), mask=cmask & bot & right, other=0.0).to(COMPUTE)
     ab = a + b
     cd = c + d
     amb = a - b
@@ -82,74 +65,90 @@ def _butterfly_at(plane, pmask, mm, nn, Hs, Ws, s_h, s_w, COMPUTE: tl.constexpr)
 
 
 @triton.jit
+def _ll_kernel(
+    src_ptr,  # (B, Hs, Ws, C) channels-last: the finer low-pass (x, or a previous level)
+    out_ptr,  # (B, Hc, Wc, C) channels-last, compute dtype
+    C, Hs, Ws, Hc, Wc, TILES_N, TILES,
+    s_b, s_h, s_w, o_b, o_h, o_w,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    bidx = (pid // TILES).to(tl.int64)
+    tile = pid % TILES
+    s = tl.arange(0, BLOCK_M * BLOCK_N)[:, None]
+    m = (tile // TILES_N) * BLOCK_M + s // BLOCK_N
+    n = (tile % TILES_N) * BLOCK_N + s % BLOCK_N
+    cc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+    cmask = cc < C
+    s0, _, _, _ = _butterfly_at(src_ptr + bidx * s_b, cc, cmask, m, n, Hs, Ws, s_h, s_w, COMPUTE)
+    off = bidx * o_b + m.to(tl.int64) * o_h + n.to(tl.int64) * o_w + cc
+    tl.store(out_ptr + off, s0, mask=cmask & (m < Hc) & (n < Wc))
+
+
+@triton.jit
+def _store_phase(base, cc, cmask, h, w, H, W, o_h, o_w, val, STRIDE: tl.constexpr):
+    mask = cmask & (h < H) & (w < W)
+    if STRIDE > 1:
+        # Stride is plain subsampling of the full-resolution output.
+        mask = mask & (h % STRIDE == 0) & (w % STRIDE == 0)
+        h = h // STRIDE
+        w = w // STRIDE
+    tl.store(base + (h.to(tl.int64) * o_h + w.to(tl.int64) * o_w) + cc, val.to(base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _level_fwd_kernel(
-    src_ptr,  # (P, Hs, Ws) any strides: LL_{i-1} (x at level 1)
-    acc_ptr,  # (P, Hc, Wc) contiguous: synthesis of the coarser levels (read when HAS_ACC)
-    out_ptr,  # (P, Hs, Ws) contiguous acc_i, or y (P, ceil(Hs/STRIDE), ceil(Ws/STRIDE)) with strides o_* (IS_LAST)
-    ww_ptr,  # (C, 4, K, K) this level's kernels
-    ws_ptr,  # (C, 4) this level's scales
-    bw_ptr,  # (C, K, K) base kernel (IS_LAST)
-    bb_ptr,  # (C,) base bias (HAS_BIAS)
-    bs_ptr,  # (C,) base scale (IS_LAST)
-    P, C, Hs, Ws, Hc, Wc,
-    s_b, s_c, s_h, s_w,  # strides of src
-    o_b, o_c, o_h, o_w,  # strides of out
+    src_ptr,  # (B, Hs, Ws, C): LL_{i-1} (x at level 1)
+    acc_ptr,  # (B, Hc, Wc, C): synthesis of the coarser levels (read when HAS_ACC)
+    out_ptr,  # (B, Hs, Ws, C) acc_i, or y (B, ceil(Hs/STRIDE), ceil(Ws/STRIDE), C) when IS_LAST
+    lw_ptr,  # (4, K, K, C) this level's kernels times their scales (HAS_LEVEL)
+    bw_ptr,  # (K, K, C) base kernel times base_scale (IS_LAST)
+    bb_ptr,  # (C,) bias times base_scale (HAS_BIAS)
+    C, Hs, Ws, Hc, Wc, TILES_N, TILES,
+    s_b, s_h, s_w,  # strides of src (channel stride 1)
+    a_b, a_h, a_w,  # strides of acc
+    o_b, o_h, o_w,  # strides of out
     K: tl.constexpr, STRIDE: tl.constexpr,
     HAS_LEVEL: tl.constexpr, HAS_ACC: tl.constexpr, IS_LAST: tl.constexpr, HAS_BIAS: tl.constexpr,
-    FLIP: tl.constexpr,  # rotate every kernel by 180 degrees (the input-gradient pass)
-    BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    INDEX_64: tl.constexpr, COMPUTE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
 ):
     PAD: tl.constexpr = K // 2
     KK: tl.constexpr = K * K
-    pid_p = tl.program_id(0).to(tl.int64)
-    pid_m = tl.program_id(1)
-    pid_n = tl.program_id(2)
-    p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)[:, None, None]
-    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)[None, :, None]
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :]
-    if INDEX_64:
-        m = m.to(tl.int64)
-        n = n.to(tl.int64)
-    pmask = p < P
-    ch = p % C
-    plane = src_ptr + ((p // C) * s_b + ch * s_c)  # 64-bit once per plane, 32-bit offsets inside
+    BLOCK_S: tl.constexpr = BLOCK_M * BLOCK_N
+    pid = tl.program_id(0)
+    bidx = (pid // TILES).to(tl.int64)
+    tile = pid % TILES
+    s = tl.arange(0, BLOCK_S)[:, None]
+    m = (tile // TILES_N) * BLOCK_M + s // BLOCK_N  # coarse positions (S, 1)
+    n = (tile % TILES_N) * BLOCK_N + s % BLOCK_N
+    c1 = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cc = c1[None, :]  # (1, C)
+    cmask = cc < C
+    src = src_ptr + bidx * s_b
 
     # Synthesised value of the four fine pixels (2m + r, 2n + q) of each coarse position.
-    y00 = tl.zeros((BLOCK_P, BLOCK_M, BLOCK_N), dtype=COMPUTE)
-    y01 = tl.zeros((BLOCK_P, BLOCK_M, BLOCK_N), dtype=COMPUTE)
-    y10 = tl.zeros((BLOCK_P, BLOCK_M, BLOCK_N), dtype=COMPUTE)
-    y11 = tl.zeros((BLOCK_P, BLOCK_M, BLOCK_N), dtype=COMPUTE)
+    y00 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
+    y01 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
+    y10 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
+    y11 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
     if HAS_LEVEL:
-        t0 = tl.zeros((BLOCK_P, BLOCK_M, BLOCK_N), dtype=COMPUTE)
-        t1 = tl.zeros((BLOCK_P, BLOCK_M, BLOCK_N), dtype=COMPUTE)
-        t2 = tl.zeros((BLOCK_P, BLOCK_M, BLOCK_N), dtype=COMPUTE)
-        t3 = tl.zeros((BLOCK_P, BLOCK_M, BLOCK_N), dtype=COMPUTE)
-        wrow = ww_ptr + ch * (4 * KK)
+        t0 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
+        t1 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
+        t2 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
+        t3 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
         for ky in range(K):
             for kx in tl.static_range(K):
-                if FLIP:
-                    tap = (K - 1 - ky) * K + (K - 1 - kx)
-                else:
-                    tap = ky * K + kx
-                s0, s1, s2, s3 = _butterfly_at(plane, pmask, m + (ky - PAD), n + (kx - PAD),
+                s0, s1, s2, s3 = _butterfly_at(src, cc, cmask, m + (ky - PAD), n + (kx - PAD),
                                                Hs, Ws, s_h, s_w, COMPUTE)
-                w0 = tl.load(wrow + tap, mask=pmask, other=0.0).to(COMPUTE)
-                w1 = tl.load(wrow + KK + tap, mask=pmask, other=0.0).to(COMPUTE)
-                w2 = tl.load(wrow + 2 * KK + tap, mask=pmask, other=0.0).to(COMPUTE)
-                w3 = tl.load(wrow + 3 * KK + tap, mask=pmask, other=0.0).to(COMPUTE)
-                t0 += w0 * s0
-                t1 += w1 * s1
-                t2 += w2 * s2
-                t3 += w3 * s3
-        # Fold the per-channel scales into the filtered coefficients (== folding them into the weights).
-        t0 *= tl.load(ws_ptr + ch * 4, mask=pmask, other=0.0).to(COMPUTE)
-        t1 *= tl.load(ws_ptr + ch * 4 + 1, mask=pmask, other=0.0).to(COMPUTE)
-        t2 *= tl.load(ws_ptr + ch * 4 + 2, mask=pmask, other=0.0).to(COMPUTE)
-        t3 *= tl.load(ws_ptr + ch * 4 + 3, mask=pmask, other=0.0).to(COMPUTE)
+                wp = lw_ptr + (ky * K + kx) * C + cc
+                t0 += tl.load(wp, mask=cmask, other=0.0).to(COMPUTE) * s0
+                t1 += tl.load(wp + KK * C, mask=cmask, other=0.0).to(COMPUTE) * s1
+                t2 += tl.load(wp + 2 * KK * C, mask=cmask, other=0.0).to(COMPUTE) * s2
+                t3 += tl.load(wp + 3 * KK * C, mask=cmask, other=0.0).to(COMPUTE) * s3
         if HAS_ACC:
-            amask = pmask & (m < Hc) & (n < Wc)
-            t0 += tl.load(acc_ptr + p * (Hc * Wc) + m * Wc + n, mask=amask, other=0.0).to(COMPUTE)
+            amask = cmask & (m < Hc) & (n < Wc)
+            aoff = bidx * a_b + m.to(tl.int64) * a_h + n.to(tl.int64) * a_w + cc
+            t0 += tl.load(acc_ptr + aoff, mask=amask, other=0.0).to(COMPUTE)
         pp = t0 + t1
         qq = t0 - t1
         rr = t2 + t3
@@ -160,145 +159,112 @@ def _level_fwd_kernel(
         y11 = (qq - ss) * 0.5
 
     if IS_LAST:
-        # Base branch at full resolution: base_scale * (conv(x, W) + b), for the four phases of the tile.
-        bscale = tl.load(bs_ptr + ch, mask=pmask, other=0.0).to(COMPUTE)
-        b00 = tl.zeros((BLOCK_P, BLOCK_M, BLOCK_N), dtype=COMPUTE)
-        b01 = tl.zeros((BLOCK_P, BLOCK_M, BLOCK_N), dtype=COMPUTE)
-        b10 = tl.zeros((BLOCK_P, BLOCK_M, BLOCK_N), dtype=COMPUTE)
-        b11 = tl.zeros((BLOCK_P, BLOCK_M, BLOCK_N), dtype=COMPUTE)
-        brow = bw_ptr + ch * KK
+        # Base branch at full resolution for the four phases of the tile, accumulated straight into y.
         for ky in range(K):
             h0 = 2 * m + (ky - PAD)
-            h1 = h0 + 1
-            mh0 = pmask & (h0 >= 0) & (h0 < Hs)
-            mh1 = pmask & (h1 >= 0) & (h1 < Hs)
+            mh0 = cmask & (h0 >= 0) & (h0 < Hs)
+            mh1 = cmask & (h0 + 1 >= 0) & (h0 + 1 < Hs)
             # Columns 2n + q + kx - PAD for q in {0, 1}, kx in [0, K): K + 1 distinct columns, each loaded once.
             for j in tl.static_range(K + 1):
                 wc = 2 * n + (j - PAD)
                 mw = (wc >= 0) & (wc < Ws)
-                v0 = tl.load(plane + (h0 * s_h + wc * s_w), mask=mh0 & mw, other=0.0).to(COMPUTE)
-                v1 = tl.load(plane + (h1 * s_h + wc * s_w), mask=mh1 & mw, other=0.0).to(COMPUTE)
+                p0 = src + (h0.to(tl.int64) * s_h + wc.to(tl.int64) * s_w) + cc
+                v0 = tl.load(p0, mask=mh0 & mw, other=0.0).to(COMPUTE)
+                v1 = tl.load(p0 + s_h, mask=mh1 & mw, other=0.0).to(COMPUTE)
                 if j < K:  # phase q = 0 uses kx = j
-                    if FLIP:
-                        tap0 = (K - 1 - ky) * K + (K - 1 - j)
-                    else:
-                        tap0 = ky * K + j
-                    wq0 = tl.load(brow + tap0, mask=pmask, other=0.0).to(COMPUTE)
-                    b00 += wq0 * v0
-                    b10 += wq0 * v1
+                    wq0 = tl.load(bw_ptr + (ky * K + j) * C + cc, mask=cmask, other=0.0).to(COMPUTE)
+                    y00 += wq0 * v0
+                    y10 += wq0 * v1
                 if j >= 1:  # phase q = 1 uses kx = j - 1
-                    if FLIP:
-                        tap1 = (K - 1 - ky) * K + (K - j)
-                    else:
-                        tap1 = ky * K + (j - 1)
-                    wq1 = tl.load(brow + tap1, mask=pmask, other=0.0).to(COMPUTE)
-                    b01 += wq1 * v0
-                    b11 += wq1 * v1
+                    wq1 = tl.load(bw_ptr + (ky * K + j - 1) * C + cc, mask=cmask, other=0.0).to(COMPUTE)
+                    y01 += wq1 * v0
+                    y11 += wq1 * v1
         if HAS_BIAS:
-            bias = tl.load(bb_ptr + ch, mask=pmask, other=0.0).to(COMPUTE)
-            b00 += bias
-            b01 += bias
-            b10 += bias
-            b11 += bias
-        y00 += bscale * b00
-        y01 += bscale * b01
-        y10 += bscale * b10
-        y11 += bscale * b11
-        obase = (p // C) * o_b + ch * o_c
-        _store_phase(out_ptr, obase, pmask, 2 * m, 2 * n, Hs, Ws, o_h, o_w, y00, STRIDE)
-        _store_phase(out_ptr, obase, pmask, 2 * m, 2 * n + 1, Hs, Ws, o_h, o_w, y01, STRIDE)
-        _store_phase(out_ptr, obase, pmask, 2 * m + 1, 2 * n, Hs, Ws, o_h, o_w, y10, STRIDE)
-        _store_phase(out_ptr, obase, pmask, 2 * m + 1, 2 * n + 1, Hs, Ws, o_h, o_w, y11, STRIDE)
+            bias = tl.load(bb_ptr + cc, mask=cmask, other=0.0).to(COMPUTE)
+            y00 += bias
+            y01 += bias
+            y10 += bias
+            y11 += bias
+        out = out_ptr + bidx * o_b
+        _store_phase(out, cc, cmask, 2 * m, 2 * n, Hs, Ws, o_h, o_w, y00, STRIDE)
+        _store_phase(out, cc, cmask, 2 * m, 2 * n + 1, Hs, Ws, o_h, o_w, y01, STRIDE)
+        _store_phase(out, cc, cmask, 2 * m + 1, 2 * n, Hs, Ws, o_h, o_w, y10, STRIDE)
+        _store_phase(out, cc, cmask, 2 * m + 1, 2 * n + 1, Hs, Ws, o_h, o_w, y11, STRIDE)
     else:
-        obase = p * (Hs * Ws)
-        _store_phase(out_ptr, obase, pmask, 2 * m, 2 * n, Hs, Ws, Ws, 1, y00, 1)
-        _store_phase(out_ptr, obase, pmask, 2 * m, 2 * n + 1, Hs, Ws, Ws, 1, y01, 1)
-        _store_phase(out_ptr, obase, pmask, 2 * m + 1, 2 * n, Hs, Ws, Ws, 1, y10, 1)
-        _store_phase(out_ptr, obase, pmask, 2 * m + 1, 2 * n + 1, Hs, Ws, Ws, 1, y11, 1)
+        out = out_ptr + bidx * o_b
+        _store_phase(out, cc, cmask, 2 * m, 2 * n, Hs, Ws, o_h, o_w, y00, 1)
+        _store_phase(out, cc, cmask, 2 * m, 2 * n + 1, Hs, Ws, o_h, o_w, y01, 1)
+        _store_phase(out, cc, cmask, 2 * m + 1, 2 * n, Hs, Ws, o_h, o_w, y10, 1)
+        _store_phase(out, cc, cmask, 2 * m + 1, 2 * n + 1, Hs, Ws, o_h, o_w, y11, 1)
 
 
 @triton.jit
-def _store_phase(out_ptr, obase, pmask, h, w, H, W, o_h, o_w, val, STRIDE: tl.constexpr):
-    mask = pmask & (h < H) & (w < W)
-    if STRIDE > 1:
-        # Stride is plain subsampling of the full-resolution output.
-        mask = mask & (h % STRIDE == 0) & (w % STRIDE == 0)
-        h = h // STRIDE
-        w = w // STRIDE
-    tl.store(out_ptr + obase + h * o_h + w * o_w, val.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _level_wgrad_kernel(
-    xs_ptr,  # (B, C, Hs, Ws) any strides: LL_{i-1} of x
-    gs_ptr,  # (B, C, Hs, Ws) any strides: LL_{i-1} of dy (dy itself at level 1)
-    part_ptr,  # (R, C, NCOL) fp32 (fp64 for fp64 inputs) partial sums, R = B * tiles; columns: [4*K*K level | K*K base | 1 sum(dy)]
-    C, Hs, Ws, NCOL, TILES_N, TILES,
-    xs_b, xs_c, xs_h, xs_w,
-    gs_b, gs_c, gs_h, gs_w,
-    K: tl.constexpr, HAS_LEVEL: tl.constexpr, IS_LAST: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    INDEX_64: tl.constexpr, COMPUTE: tl.constexpr,
+def _wgrad_kernel(
+    xs_ptr,  # (B, Hs, Ws, C): LL_{i-1} of x (x itself for the base)
+    gs_ptr,  # (B, Hs, Ws, C): LL_{i-1} of dy (dy itself for the base)
+    part_ptr,  # (CHUNKS, K, NSUB, KP, C) fp32 (fp64 for fp64 inputs) partial correlations of this program's row ky
+    C, Hs, Ws, Hm, Wm, NPOS, CHUNK,  # Hm x Wm: the map the positions run over (coarse for a level, fine for base)
+    xs_b, xs_h, xs_w, gs_b, gs_h, gs_w,
+    K: tl.constexpr, KP: tl.constexpr, BASE: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
 ):
+    """Correlations ``sum_q u_s[q + (ky - P, kx - P)] * g_s[q]`` over this program's CHUNK positions q.
+
+    Level (BASE false): u, g are the four Haar subbands of LL_{i-1} of x and dy at coarse positions. Base: u = x,
+    g = dy at full resolution (one "subband"). The kx taps are a tensor axis (padded to KP), so each position's g is
+    loaded once per row ky and the accumulators stay elementwise until one reduction at the end.
+    """
     PAD: tl.constexpr = K // 2
-    KK: tl.constexpr = K * K
-    pid_c = tl.program_id(0)
-    bidx = tl.program_id(1).to(tl.int64)
-    tile = tl.program_id(2)
-    cc = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    ch = cc[:, None, None].to(tl.int64)
-    m = (tile // TILES_N) * BLOCK_M + tl.arange(0, BLOCK_M)[None, :, None]
-    n = (tile % TILES_N) * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :]
-    if INDEX_64:
-        m = m.to(tl.int64)
-        n = n.to(tl.int64)
-    cmask = ch < C
-    xplane = xs_ptr + (bidx * xs_b + ch * xs_c)  # 64-bit once per plane, 32-bit offsets inside
-    gplane = gs_ptr + (bidx * gs_b + ch * gs_c)
-    row = part_ptr + ((bidx * TILES + tile) * C + cc) * NCOL  # (BLOCK_C,) pointers
-    cvalid = cc < C
-    if HAS_LEVEL:
-        # dy's coefficients at this tile's coarse positions, correlated with x's at every shift.
-        g0, g1, g2, g3 = _butterfly_at(gplane, cmask, m, n, Hs, Ws, gs_h, gs_w, COMPUTE)
-        for ky in range(K):
-            for kx in tl.static_range(K):
-                c0, c1, c2, c3 = _butterfly_at(xplane, cmask, m + (ky - PAD), n + (kx - PAD),
-                                               Hs, Ws, xs_h, xs_w, COMPUTE)
-                tap = ky * K + kx
-                tl.store(row + tap, tl.sum(tl.sum(c0 * g0, 2), 1).to(part_ptr.dtype.element_ty), mask=cvalid)
-                tl.store(row + KK + tap, tl.sum(tl.sum(c1 * g1, 2), 1).to(part_ptr.dtype.element_ty), mask=cvalid)
-                tl.store(row + 2 * KK + tap, tl.sum(tl.sum(c2 * g2, 2), 1).to(part_ptr.dtype.element_ty), mask=cvalid)
-                tl.store(row + 3 * KK + tap, tl.sum(tl.sum(c3 * g3, 2), 1).to(part_ptr.dtype.element_ty), mask=cvalid)
-    if IS_LAST:
-        # Base conv: corr[ky, kx] = sum_{h, w} x[h + ky - PAD, w + kx - PAD] * dy[h, w], over this tile's pixels.
-        h0 = 2 * m
-        w0 = 2 * n
-        mh0 = cmask & (h0 < Hs)
-        mh1 = cmask & (h0 + 1 < Hs)
-        mw0 = w0 < Ws
-        mw1 = w0 + 1 < Ws
-        gp = gplane + (h0 * gs_h + w0 * gs_w)
-        d00 = tl.load(gp, mask=mh0 & mw0, other=0.0).to(COMPUTE)
-        d01 = tl.load(gp + gs_w, mask=mh0 & mw1, other=0.0).to(COMPUTE)
-        d10 = tl.load(gp + gs_h, mask=mh1 & mw0, other=0.0).to(COMPUTE)
-        d11 = tl.load(gp + gs_h + gs_w, mask=mh1 & mw1, other=0.0).to(COMPUTE)
-        tl.store(row + 5 * KK, tl.sum(tl.sum(d00 + d01 + d10 + d11, 2), 1).to(part_ptr.dtype.element_ty), mask=cvalid)
-        for ky in range(K):
-            hh0 = h0 + (ky - PAD)
-            hh1 = hh0 + 1
-            mr0 = cmask & (hh0 >= 0) & (hh0 < Hs)
-            mr1 = cmask & (hh1 >= 0) & (hh1 < Hs)
-            for kx in tl.static_range(K):
-                ww0 = w0 + (kx - PAD)
-                ww1 = ww0 + 1
-                mc0 = (ww0 >= 0) & (ww0 < Ws)
-                mc1 = (ww1 >= 0) & (ww1 < Ws)
-                xp = xplane + (hh0 * xs_h + ww0 * xs_w)
-                acc = d00 * tl.load(xp, mask=mr0 & mc0, other=0.0).to(COMPUTE)
-                acc += d01 * tl.load(xp + xs_w, mask=mr0 & mc1, other=0.0).to(COMPUTE)
-                acc += d10 * tl.load(xp + xs_h, mask=mr1 & mc0, other=0.0).to(COMPUTE)
-                acc += d11 * tl.load(xp + xs_h + xs_w, mask=mr1 & mc1, other=0.0).to(COMPUTE)
-                tl.store(row + 4 * KK + ky * K + kx, tl.sum(tl.sum(acc, 2), 1).to(part_ptr.dtype.element_ty), mask=cvalid)
+    NSUB: tl.constexpr = 1 if BASE else 4
+    chunk = tl.program_id(0)
+    ky = tl.program_id(1)
+    cb = tl.program_id(2)
+    kx = tl.arange(0, KP)[:, None, None]  # (KP, 1, 1)
+    kmask = kx < K
+    cc = cb * BLOCK_C + tl.arange(0, BLOCK_C)[None, None, :]  # (1, 1, C)
+    cmask = cc < C
+    hw = Hm * Wm
+    a0 = tl.zeros((KP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
+    if not BASE:
+        a1 = tl.zeros((KP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
+        a2 = tl.zeros((KP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
+        a3 = tl.zeros((KP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
+    start = chunk.to(tl.int64) * CHUNK
+    for off in range(0, CHUNK, BLOCK_S):
+        q = start + off + tl.arange(0, BLOCK_S)[None, :, None]  # (1, S, 1) flat positions over (b, m, n)
+        qmask = q < NPOS
+        bidx = q // hw
+        rem = (q - bidx * hw).to(tl.int32)
+        m = rem // Wm
+        n = rem - m * Wm
+        xb = xs_ptr + bidx * xs_b
+        gb = gs_ptr + bidx * gs_b
+        mm = m + (ky - PAD)
+        nn = n + (kx - PAD)  # (KP, S, 1)
+        if BASE:
+            g0 = tl.load(gb + (m.to(tl.int64) * gs_h + n.to(tl.int64) * gs_w) + cc, mask=cmask & qmask,
+                         other=0.0).to(COMPUTE)
+            inside = qmask & kmask & (mm >= 0) & (mm < Hs) & (nn >= 0) & (nn < Ws)
+            u0 = tl.load(xb + (mm.to(tl.int64) * xs_h + nn.to(tl.int64) * xs_w) + cc, mask=cmask & inside,
+                         other=0.0).to(COMPUTE)
+            a0 += u0 * g0
+        else:
+            g0, g1, g2, g3 = _butterfly_at(gb, cc, cmask & qmask, m, n, Hs, Ws, gs_h, gs_w, COMPUTE)
+            u0, u1, u2, u3 = _butterfly_at(xb, cc, cmask & qmask & kmask, mm, nn, Hs, Ws, xs_h, xs_w, COMPUTE)
+            a0 += u0 * g0
+            a1 += u1 * g1
+            a2 += u2 * g2
+            a3 += u3 * g3
+    # One reduction over the positions at the end; rows of the partial buffer are (chunk, ky, subband, kx).
+    kx2 = tl.arange(0, KP)[:, None]
+    c2 = cb * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+    smask = (kx2 < KP) & (c2 < C)
+    row = part_ptr + ((chunk.to(tl.int64) * K + ky) * NSUB * KP + kx2) * C + c2
+    tl.store(row, tl.sum(a0, 1).to(part_ptr.dtype.element_ty), mask=smask)
+    if not BASE:
+        tl.store(row + KP * C, tl.sum(a1, 1).to(part_ptr.dtype.element_ty), mask=smask)
+        tl.store(row + 2 * KP * C, tl.sum(a2, 1).to(part_ptr.dtype.element_ty), mask=smask)
+        tl.store(row + 3 * KP * C, tl.sum(a3, 1).to(part_ptr.dtype.element_ty), mask=smask)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -313,148 +279,178 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-# Launch shapes. Set from the sweep in benchmarks/tune_tiles.py on an H200; override for experiments with
-# ``TUNING.update(...)``. Fixed tiles (no autotuner) keep the weight-gradient reduction order, hence the bits,
-# identical from run to run.
-# H200 sweep (bf16, WTConvNeXt-T stage shapes, results/tune.json): 512-element tiles with 4 warps for the level
-# kernels (1024 for maps of <= 4x4 coarse positions), 512 with 2 warps for the weight-gradient kernels; larger tiles
-# spill registers (2048 elements / 2 warps was 15x slower).
-TUNING: dict[str, int] = {"fwd_elems": 512, "fwd_small_elems": 1024, "fwd_warps": 4, "wgrad_elems": 512,
-                          "wgrad_warps": 2}
+# Launch shapes (benchmarks/tune_tiles.py sweeps them). Fixed shapes, not an autotuner: the weight-gradient
+# reduction order, hence the bits, must not change from run to run. Override with ``TUNING.update(...)`` or with
+# ``WTCONVNEXT_TUNING=<file.json>`` (what tune_tiles.py writes) for another GPU.
+# H200 sweep (bf16, WTConvNeXt-T stage shapes; results/h200/tune_v2_bf16.json): 16 positions x 32 channels with
+# 4 warps was the fastest forward on stages 1-3 (stage 4: 0.233 vs 0.193 ms with 64 channels); 8 positions x 16
+# channels the least total weight-gradient time.
+TUNING: dict[str, int] = {
+    "fwd_positions": 16, "fwd_block_c": 32, "fwd_warps": 4,
+    "wgrad_positions": 8, "wgrad_block_c": 16, "wgrad_warps": 4, "wgrad_programs": 2048,
+}
 
 
-def _tiles(planes: int, hc: int, wc: int, max_elems: int) -> tuple[int, int, int]:
-    """Block sizes (planes, coarse rows, coarse cols): whole small maps per program, several planes when small."""
-    bn = min(triton.next_power_of_2(max(wc, 1)), 32, max_elems)
-    bm = min(triton.next_power_of_2(max(hc, 1)), max(max_elems // bn, 1), 64)
-    bp = min(triton.next_power_of_2(max(planes, 1)), max(max_elems // (bm * bn), 1))
-    return bp, bm, bn
+def _tuning_from_env() -> None:
+    path = os.environ.get("WTCONVNEXT_TUNING")
+    if not path:
+        return
+    try:
+        values = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: cannot read a JSON object of launch shapes ({e})") from e
+    if not isinstance(values, dict):
+        raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: expected a JSON object of launch shapes")
+    bad = {k: v for k, v in values.items() if k not in TUNING or not isinstance(v, int) or v < 1}
+    if bad:
+        raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: unknown keys or non-positive values {bad}; "
+                           f"expected positive integers for {sorted(TUNING)}")
+    for key in ("fwd_positions", "fwd_block_c", "wgrad_positions", "wgrad_block_c"):
+        if key in values and values[key] & (values[key] - 1):
+            raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: {key} must be a power of two, got {values[key]}")
+    TUNING.update(values)
 
 
-def _needs_int64(*tensors: Tensor) -> bool:
-    """True when an in-plane offset of any tensor can pass 2^31 - 1."""
+_tuning_from_env()
+
+
+def _empty_cl(shape: tuple[int, int, int, int], like: Tensor, dtype: torch.dtype) -> Tensor:
+    return torch.empty(shape, device=like.device, dtype=dtype, memory_format=torch.channels_last)
+
+
+def _check_cl(*tensors: Tensor) -> None:
     for t in tensors:
-        if t.dim() == 4:
-            span = (t.shape[2] - 1) * abs(t.stride(2)) + (t.shape[3] - 1) * abs(t.stride(3))
-            # Masked-off taps still compute offsets up to 2 * (K // 2) + 1 rows / columns outside the map; keep
-            # those representable too (a 64-row / column margin covers every K <= 61).
-            if span + 64 * (abs(t.stride(2)) + abs(t.stride(3))) >= 2**31 - 1:
-                return True
-    return False
+        if t.stride(1) != 1 and t.shape[1] > 1:
+            raise ValueError(f"fused WTConv kernels need channels-last tensors (channel stride 1), got strides {t.stride()}")
 
 
-def _num_warps(elems: int, override: int = 0) -> int:
-    if override:
-        return override
-    return 4 if elems >= 512 else (2 if elems >= 128 else 1)
+def _pos_tiles(hc: int, wc: int, positions: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, tiles along n, tiles per image) for a coarse hc x wc map."""
+    bn = min(triton.next_power_of_2(max(wc, 1)), positions, 8)
+    bm = min(triton.next_power_of_2(max(hc, 1)), max(positions // bn, 1))
+    tiles_n = triton.cdiv(wc, bn)
+    return bm, bn, tiles_n, triton.cdiv(hc, bm) * tiles_n
+
+
+def _block_c(ch: int, cap: int) -> int:
+    return min(triton.next_power_of_2(ch), cap)
 
 
 def ll_pyramid(x: Tensor, levels: int) -> list[Tensor]:
-    """[LL_0 = x, LL_1, ..., LL_{levels-1}]: the low-pass inputs of every level (LL_i in the compute dtype)."""
+    """[LL_0 = x, LL_1, ..., LL_{levels-1}]: the low-pass inputs of every level (channels-last, compute dtype)."""
+    _check_cl(x)
     pyr = [x]
     bsz, ch = x.shape[:2]
     for _ in range(1, levels):
         src = pyr[-1]
         hs, ws = src.shape[-2:]
         hc, wc = (hs + 1) // 2, (ws + 1) // 2
-        out = torch.empty((bsz, ch, hc, wc), device=x.device, dtype=_acc_dtype(x.dtype))
-        bp, bm, bn = _tiles(bsz * ch, hc, wc, 1024)
-        grid = (triton.cdiv(bsz * ch, bp), triton.cdiv(hc, bm), triton.cdiv(wc, bn))
-        _ll_kernel[grid](
-            src, out, bsz * ch, ch, hs, ws, hc, wc, *src.stride(),
-            BLOCK_P=bp, BLOCK_M=bm, BLOCK_N=bn, INDEX_64=_needs_int64(src, out),
-            COMPUTE=_compute_dtype(x.dtype), num_warps=_num_warps(bp * bm * bn),
+        out = _empty_cl((bsz, ch, hc, wc), x, _acc_dtype(x.dtype))
+        bm, bn, tiles_n, tiles = _pos_tiles(hc, wc, 16)
+        bc = _block_c(ch, 64)
+        _ll_kernel[(bsz * tiles, triton.cdiv(ch, bc))](
+            src, out, ch, hs, ws, hc, wc, tiles_n, tiles,
+            src.stride(0), src.stride(2), src.stride(3), out.stride(0), out.stride(2), out.stride(3),
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=_compute_dtype(x.dtype), num_warps=4,
         )
         pyr.append(out)
     return pyr
 
 
-def wtconv_forward(
-    pyr: list[Tensor],
-    out: Tensor,
-    weight: Tensor,
-    bias: Optional[Tensor],
-    base_scale: Tensor,
-    wavelet_weight: Tensor,
-    wavelet_scale: Tensor,
-    stride: int,
+def folded_weights(
+    weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor,
     flip: bool = False,
+) -> tuple[Tensor, Optional[Tensor], Tensor]:
+    """The kernels' weights: scales folded in, taps-major and channels contiguous, in the compute dtype.
+
+    Returns ``(base (K, K, C), bias * base_scale (C,) or None, levels (L, 4, K, K, C))``; ``flip`` rotates every
+    kernel by 180 degrees (the input-gradient pass).
+    """
+    acc = _acc_dtype(weight.dtype)
+    base = weight[:, 0].to(acc) * base_scale.to(acc)[:, None, None]
+    lev = wavelet_weight.to(acc) * wavelet_scale.to(acc)[..., None, None]
+    if flip:
+        base = base.flip(-1, -2)
+        lev = lev.flip(-1, -2)
+    fb = None if bias is None else (bias.to(acc) * base_scale.to(acc)).contiguous()
+    return base.permute(1, 2, 0).contiguous(), fb, lev.permute(0, 2, 3, 4, 1).contiguous()
+
+
+def wtconv_forward(
+    pyr: list[Tensor], out: Tensor, base_w: Tensor, base_b: Optional[Tensor], level_w: Tensor, stride: int,
 ) -> Tensor:
     """Run the level kernels coarse to fine on the low-pass pyramid ``pyr`` of the input, writing ``out``.
 
-    ``out`` is (B, C, ceil(H/stride), ceil(W/stride)) with any strides. ``flip`` rotates every kernel by 180
-    degrees (the input-gradient pass; then ``bias`` is None).
+    ``out`` is channels-last (B, C, ceil(H/stride), ceil(W/stride)); the weights come from :func:`folded_weights`.
     """
     x = pyr[0]
+    _check_cl(x, out)
     bsz, ch, h, w = x.shape
-    levels = wavelet_weight.shape[0]
-    k = weight.shape[-1]
-    planes = bsz * ch
+    levels = level_w.shape[0]
+    k = base_w.shape[0]
     compute = _compute_dtype(x.dtype)
+    bc = _block_c(ch, TUNING["fwd_block_c"])
     acc: Optional[Tensor] = None
     for i in range(max(levels, 1), 0, -1):  # level i reads pyr[i - 1]; L = 0 runs the base alone
         src = pyr[i - 1]
         hs, ws = src.shape[-2:]
         hc, wc = (hs + 1) // 2, (ws + 1) // 2
         last = i == 1
-        dst = out if last else torch.empty((bsz, ch, hs, ws), device=x.device, dtype=_acc_dtype(x.dtype))
-        bp, bm, bn = _tiles(planes, hc, wc, TUNING["fwd_small_elems" if hc * wc <= 16 else "fwd_elems"])
-        grid = (triton.cdiv(planes, bp), triton.cdiv(hc, bm), triton.cdiv(wc, bn))
-        lvl = i - 1 if levels else 0
-        _level_fwd_kernel[grid](
-            src, acc if acc is not None else dst, dst,
-            wavelet_weight[lvl] if levels else weight, wavelet_scale[lvl] if levels else base_scale,
-            weight, bias if bias is not None else base_scale, base_scale,
-            planes, ch, hs, ws, hc, wc, *src.stride(), *dst.stride(),
+        dst = out if last else _empty_cl((bsz, ch, hs, ws), x, _acc_dtype(x.dtype))
+        bm, bn, tiles_n, tiles = _pos_tiles(hc, wc, TUNING["fwd_positions"])
+        aux = acc if acc is not None else dst
+        _level_fwd_kernel[(bsz * tiles, triton.cdiv(ch, bc))](
+            src, aux, dst, level_w[i - 1] if levels else base_w, base_w, base_b if base_b is not None else base_w,
+            ch, hs, ws, hc, wc, tiles_n, tiles,
+            src.stride(0), src.stride(2), src.stride(3), aux.stride(0), aux.stride(2), aux.stride(3),
+            dst.stride(0), dst.stride(2), dst.stride(3),
             K=k, STRIDE=stride if last else 1,
-            HAS_LEVEL=levels > 0, HAS_ACC=acc is not None, IS_LAST=last, HAS_BIAS=bias is not None, FLIP=flip,
-            BLOCK_P=bp, BLOCK_M=bm, BLOCK_N=bn, INDEX_64=_needs_int64(src, dst), COMPUTE=compute,
-            num_warps=_num_warps(bp * bm * bn, TUNING["fwd_warps"]),
+            HAS_LEVEL=levels > 0, HAS_ACC=acc is not None, IS_LAST=last, HAS_BIAS=base_b is not None,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=compute, num_warps=TUNING["fwd_warps"],
         )
         acc = dst
     return out
 
 
-def wtconv_weight_grads(xpyr: list[Tensor], gpyr: list[Tensor], k: int, levels: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Raw correlations for the weight gradients.
+def _correlate(xs: Tensor, gs: Tensor, k: int, base: bool) -> Tensor:
+    """(NSUB, K, K, C) correlations of one level (NSUB = 4) or of the base (NSUB = 1), summed deterministically."""
+    bsz, ch, hs, ws = xs.shape
+    hm, wm = (hs, ws) if base else ((hs + 1) // 2, (ws + 1) // 2)
+    npos = bsz * hm * wm
+    kp = triton.next_power_of_2(k)
+    nsub = 1 if base else 4
+    bs = TUNING["wgrad_positions"]
+    bc = _block_c(ch, TUNING["wgrad_block_c"])
+    cblocks = triton.cdiv(ch, bc)
+    # Enough programs to fill the GPU; the chunk length depends on the shape only (bitwise reproducible).
+    chunks = max(1, min(triton.cdiv(npos, bs), TUNING["wgrad_programs"] // (k * cblocks)))
+    chunk = triton.cdiv(triton.cdiv(npos, chunks), bs) * bs
+    chunks = triton.cdiv(npos, chunk)
+    part = torch.empty((chunks, k, nsub, kp, ch), device=xs.device, dtype=_acc_dtype(xs.dtype))
+    _wgrad_kernel[(chunks, k, cblocks)](
+        xs, gs, part, ch, hs, ws, hm, wm, npos, chunk,
+        xs.stride(0), xs.stride(2), xs.stride(3), gs.stride(0), gs.stride(2), gs.stride(3),
+        K=k, KP=kp, BASE=base, BLOCK_S=bs, BLOCK_C=bc, COMPUTE=_compute_dtype(xs.dtype),
+        num_warps=TUNING["wgrad_warps"],
+    )
+    # Fixed-order sum over the chunks (no atomics), then (ky, sub, kx, C) -> (sub, ky, kx, C).
+    return part.sum(0)[:, :, :k].permute(1, 0, 2, 3)
+
+
+def wtconv_weight_grads(xpyr: list[Tensor], gpyr: list[Tensor], k: int, levels: int) -> tuple[Tensor, Tensor]:
+    """Raw correlations for the weight gradients (w.r.t. the folded weights).
 
     Returns:
-        level_corr: (L, C, 4, K, K) fp32 (fp64 for fp64 inputs), ``sum c_i^s[m + ky - P, n + kx - P] * g_i^s[m, n]`` over batch and map.
-        base_corr: (C, K, K) fp32, the same for x and dy at full resolution.
-        dy_sum: (C,) fp32, ``sum dy`` per channel.
+        level_corr: (L, C, 4, K, K) fp32 (fp64 for fp64 inputs), ``sum c_i^s[m + ky - P, n + kx - P] * g_i^s[m, n]``
+            over batch and map (c, g: Haar subbands of LL_{i-1} of x and of dy).
+        base_corr: (C, K, K), the same for x and dy at full resolution.
     """
-    x = xpyr[0]
-    bsz, ch = x.shape[:2]
-    kk = k * k
-    ncol = 5 * kk + 1
-    compute = _compute_dtype(x.dtype)
-    part_dtype = _acc_dtype(x.dtype)
-    level_corr = []
-    base_corr = dy_sum = None
-    for i in range(1, max(levels, 1) + 1):
-        xs, gs = xpyr[i - 1], gpyr[i - 1]
-        hs, ws = xs.shape[-2:]
-        hc, wc = (hs + 1) // 2, (ws + 1) // 2
-        bc, bm, bn = _tiles(ch, hc, wc, TUNING["wgrad_elems"])
-        tiles_n = triton.cdiv(wc, bn)
-        tiles = triton.cdiv(hc, bm) * tiles_n
-        part = torch.empty((bsz * tiles, ch, ncol), device=x.device, dtype=part_dtype)
-        last = i == 1
-        _level_wgrad_kernel[(triton.cdiv(ch, bc), bsz, tiles)](
-            xs, gs, part, ch, hs, ws, ncol, tiles_n, tiles, *xs.stride(), *gs.stride(),
-            K=k, HAS_LEVEL=levels > 0, IS_LAST=last, BLOCK_C=bc, BLOCK_M=bm, BLOCK_N=bn,
-            INDEX_64=_needs_int64(xs, gs), COMPUTE=compute,
-            num_warps=_num_warps(bc * bm * bn, TUNING["wgrad_warps"]),
-        )
-        # Deterministic reduction of the per-tile partials (fixed order, no atomics).
-        total = part.sum(0)
-        if levels > 0:
-            level_corr.append(total[:, : 4 * kk].reshape(ch, 4, k, k))
-        if last:
-            base_corr = total[:, 4 * kk : 5 * kk].reshape(ch, k, k)
-            dy_sum = total[:, 5 * kk]
+    _check_cl(*xpyr, *gpyr)
+    base_corr = _correlate(xpyr[0], gpyr[0], k, base=True)[0].permute(2, 0, 1)
+    ch = xpyr[0].shape[1]
     if levels > 0:
-        lc = torch.stack(level_corr)
+        level_corr = torch.stack([_correlate(xpyr[i], gpyr[i], k, base=False) for i in range(levels)])
+        level_corr = level_corr.permute(0, 4, 1, 2, 3)
     else:
-        lc = torch.zeros((0, ch, 4, k, k), device=x.device, dtype=part_dtype)
-    return lc, base_corr, dy_sum
+        level_corr = torch.zeros((0, ch, 4, k, k), device=xpyr[0].device, dtype=base_corr.dtype)
+    return level_corr, base_corr

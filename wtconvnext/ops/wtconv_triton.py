@@ -37,14 +37,17 @@ def _empty_output(x: Tensor, stride: int) -> Tensor:
     return torch.empty(_output_shape(x, stride), device=x.device, dtype=x.dtype, memory_format=_output_format(x))
 
 
+def _channels_last(t: Tensor) -> Tensor:
+    return t.contiguous(memory_format=torch.channels_last)
+
+
 def _in_format_of(t: Tensor, x: Tensor) -> Tensor:
-    """The NCHW-contiguous kernel result ``t`` in x's memory format."""
-    fmt = _output_format(x)
-    return t if fmt == torch.contiguous_format else t.contiguous(memory_format=fmt)
+    """The channels-last kernel result ``t`` in x's memory format."""
+    return t.contiguous(memory_format=_output_format(x))
 
 
 if TRITON_AVAILABLE:
-    from .triton_kernels import ll_pyramid, wtconv_forward, wtconv_weight_grads
+    from .triton_kernels import folded_weights, ll_pyramid, wtconv_forward, wtconv_weight_grads
 
     @torch.library.custom_op("wtconvnext::wtconv2d", mutates_args=(), device_types=None)
     def _wtconv2d_op(
@@ -56,16 +59,12 @@ if TRITON_AVAILABLE:
         wavelet_scale: Tensor,
         stride: int,
     ) -> Tensor:
-        # The kernels take any strides, but walk planes: on channels_last data they ran 1.2-2.5x slower on the
-        # H200 (results/h200/layer_v0_untuned.txt), far more than two copies cost, so they always see NCHW.
-        xc = x.contiguous()
-        out = torch.empty(_output_shape(x, stride), device=x.device, dtype=x.dtype)
+        # The kernels work on channels-last data (wide channel vectors); NCHW input costs one copy each way.
+        xc = _channels_last(x)
+        out = torch.empty(_output_shape(x, stride), device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
         levels = wavelet_weight.shape[0]
         pyr = ll_pyramid(xc, levels)
-        wtconv_forward(
-            pyr, out, weight.contiguous(), None if bias is None else bias.contiguous(), base_scale.contiguous(),
-            wavelet_weight.contiguous(), wavelet_scale.contiguous(), stride,
-        )
+        wtconv_forward(pyr, out, *folded_weights(weight, bias, base_scale, wavelet_weight, wavelet_scale), stride)
         return _in_format_of(out, x)
 
     @_wtconv2d_op.register_fake
@@ -85,20 +84,22 @@ if TRITON_AVAILABLE:
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         bsz, ch, h, w = x.shape
         levels, k = wavelet_weight.shape[0], weight.shape[-1]
-        weight, base_scale = weight.contiguous(), base_scale.contiguous()
-        wavelet_weight, wavelet_scale = wavelet_weight.contiguous(), wavelet_scale.contiguous()
         if stride > 1:
             # The stride subsamples the full-resolution output: its adjoint scatters dy back onto zeros.
-            dy_full = dy.new_zeros((bsz, ch, h, w))
+            dy_full = torch.empty((bsz, ch, h, w), device=dy.device, dtype=dy.dtype, memory_format=torch.channels_last)
+            dy_full.zero_()
             dy_full[:, :, ::stride, ::stride] = dy
             dy = dy_full
-        gpyr = ll_pyramid(dy.contiguous(), levels)
-        xpyr = ll_pyramid(x.contiguous(), levels)
+        dy = _channels_last(dy)
+        gpyr = ll_pyramid(dy, levels)
+        xpyr = ll_pyramid(_channels_last(x), levels)
         # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
-        dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-        wtconv_forward(gpyr, dx, weight, None, base_scale, wavelet_weight, wavelet_scale, 1, flip=True)
+        dx = torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
+        base_w, _, level_w = folded_weights(weight, None, base_scale, wavelet_weight, wavelet_scale, flip=True)
+        wtconv_forward(gpyr, dx, base_w, None, level_w, 1)
         dx = _in_format_of(dx, x)
-        level_corr, base_corr, dy_sum = wtconv_weight_grads(xpyr, gpyr, k, levels)
+        level_corr, base_corr = wtconv_weight_grads(xpyr, gpyr, k, levels)
+        dy_sum = dy.sum((0, 2, 3), dtype=base_corr.dtype)
         acc = base_corr.dtype
         bs = base_scale.to(acc)
         d_weight = (bs[:, None, None] * base_corr).unsqueeze(1)
@@ -108,13 +109,14 @@ if TRITON_AVAILABLE:
         d_bias = bs * dy_sum
         d_wavelet_weight = wavelet_scale.to(acc)[..., None, None] * level_corr
         d_wavelet_scale = (wavelet_weight.to(acc) * level_corr).sum((-1, -2))
+        # Contiguous, as the fake kernel promises (the correlations come out of permutes).
         return (
             dx,
-            d_weight.to(weight.dtype),
-            d_bias.to(bias.dtype if bias is not None else base_scale.dtype),
-            d_base_scale.to(base_scale.dtype),
-            d_wavelet_weight.to(wavelet_weight.dtype),
-            d_wavelet_scale.to(wavelet_scale.dtype),
+            d_weight.to(weight.dtype).contiguous(),
+            d_bias.to(bias.dtype if bias is not None else base_scale.dtype).contiguous(),
+            d_base_scale.to(base_scale.dtype).contiguous(),
+            d_wavelet_weight.to(wavelet_weight.dtype).contiguous(),
+            d_wavelet_scale.to(wavelet_scale.dtype).contiguous(),
         )
 
     @_wtconv2d_backward_op.register_fake
