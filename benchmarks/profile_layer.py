@@ -1,9 +1,10 @@
 """Per-kernel CUDA time of one WTConv forward + backward (torch.profiler), for finding where the time goes.
 
 Also prints the wall time per iteration without the profiler: when it is well above the kernels' total, the layer
-is bound by host-side launch overhead, not by the GPU.
+is bound by host-side launch overhead, not by the GPU; ``--host`` then adds a cProfile of the Python side (top
+functions by own time).
 
-    python benchmarks/profile_layer.py [--shapes 0 3] [--dtypes fp32 bf16] [--cl]
+    python benchmarks/profile_layer.py [--shapes 0 3] [--dtypes fp32 bf16] [--cl] [--host]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"])
     ap.add_argument("--cl", action="store_true", help="channels_last input")
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--host", action="store_true", help="also cProfile the host side of fwd + bwd")
     args = ap.parse_args(argv)
     from torch.profiler import ProfilerActivity, profile
 
@@ -58,6 +60,18 @@ def main(argv=None) -> int:
                 total += t
             print(f"{total / 1000:8.3f} ms  total of the rows above")
             print(f"{wall:8.3f} ms  wall time per iteration (no profiler)")
+            if args.host:
+                import cProfile
+                import pstats
+
+                prof_host = cProfile.Profile()
+                prof_host.enable()
+                for _ in range(args.iters):
+                    fwdbwd()
+                torch.cuda.synchronize()
+                prof_host.disable()
+                print(f"--- host side, {args.iters} iterations (cProfile), top functions by own time")
+                pstats.Stats(prof_host).sort_stats("tottime").print_stats(22)
     return 0
 
 

@@ -314,6 +314,16 @@ def _tuning_from_env() -> None:
 _tuning_from_env()
 
 
+# Plain-Python grid arithmetic: triton.cdiv / next_power_of_2 became constexpr functions (triton 3.8) costing
+# microseconds per host call, dozens of times per layer call.
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def _empty_cl(shape: tuple[int, int, int, int], like: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.empty(shape, device=like.device, dtype=dtype, memory_format=torch.channels_last)
 
@@ -326,14 +336,14 @@ def _check_cl(*tensors: Tensor) -> None:
 
 def _pos_tiles(hc: int, wc: int, positions: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, tiles along n, tiles per image) for a coarse hc x wc map."""
-    bn = min(triton.next_power_of_2(max(wc, 1)), positions, 8)
-    bm = min(triton.next_power_of_2(max(hc, 1)), max(positions // bn, 1))
-    tiles_n = triton.cdiv(wc, bn)
-    return bm, bn, tiles_n, triton.cdiv(hc, bm) * tiles_n
+    bn = min(_pow2(max(wc, 1)), positions, 8)
+    bm = min(_pow2(max(hc, 1)), max(positions // bn, 1))
+    tiles_n = _cdiv(wc, bn)
+    return bm, bn, tiles_n, _cdiv(hc, bm) * tiles_n
 
 
 def _block_c(ch: int, cap: int) -> int:
-    return min(triton.next_power_of_2(ch), cap)
+    return min(_pow2(ch), cap)
 
 
 def ll_pyramid(x: Tensor, levels: int) -> list[Tensor]:
@@ -348,7 +358,7 @@ def ll_pyramid(x: Tensor, levels: int) -> list[Tensor]:
         out = _empty_cl((bsz, ch, hc, wc), x, _acc_dtype(x.dtype))
         bm, bn, tiles_n, tiles = _pos_tiles(hc, wc, 16)
         bc = _block_c(ch, 64)
-        _ll_kernel[(bsz * tiles, triton.cdiv(ch, bc))](
+        _ll_kernel[(bsz * tiles, _cdiv(ch, bc))](
             src, out, ch, hs, ws, hc, wc, tiles_n, tiles,
             src.stride(0), src.stride(2), src.stride(3), out.stride(0), out.stride(2), out.stride(3),
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=_compute_dtype(x.dtype), num_warps=4,
@@ -399,7 +409,7 @@ def wtconv_forward(
         dst = out if last else _empty_cl((bsz, ch, hs, ws), x, _acc_dtype(x.dtype))
         bm, bn, tiles_n, tiles = _pos_tiles(hc, wc, TUNING["fwd_positions"])
         aux = acc if acc is not None else dst
-        _level_fwd_kernel[(bsz * tiles, triton.cdiv(ch, bc))](
+        _level_fwd_kernel[(bsz * tiles, _cdiv(ch, bc))](
             src, aux, dst, level_w[i - 1] if levels else base_w, base_w, base_b if base_b is not None else base_w,
             ch, hs, ws, hc, wc, tiles_n, tiles,
             src.stride(0), src.stride(2), src.stride(3), aux.stride(0), aux.stride(2), aux.stride(3),
@@ -417,15 +427,15 @@ def _correlate(xs: Tensor, gs: Tensor, k: int, base: bool) -> Tensor:
     bsz, ch, hs, ws = xs.shape
     hm, wm = (hs, ws) if base else ((hs + 1) // 2, (ws + 1) // 2)
     npos = bsz * hm * wm
-    kp = triton.next_power_of_2(k)
+    kp = _pow2(k)
     nsub = 1 if base else 4
     bs = TUNING["wgrad_positions"]
     bc = _block_c(ch, TUNING["wgrad_block_c"])
-    cblocks = triton.cdiv(ch, bc)
+    cblocks = _cdiv(ch, bc)
     # Enough programs to fill the GPU; the chunk length depends on the shape only (bitwise reproducible).
-    chunks = max(1, min(triton.cdiv(npos, bs), TUNING["wgrad_programs"] // (k * cblocks)))
-    chunk = triton.cdiv(triton.cdiv(npos, chunks), bs) * bs
-    chunks = triton.cdiv(npos, chunk)
+    chunks = max(1, min(_cdiv(npos, bs), TUNING["wgrad_programs"] // (k * cblocks)))
+    chunk = _cdiv(_cdiv(npos, chunks), bs) * bs
+    chunks = _cdiv(npos, chunk)
     part = torch.empty((chunks, k, nsub, kp, ch), device=xs.device, dtype=_acc_dtype(xs.dtype))
     _wgrad_kernel[(chunks, k, cblocks)](
         xs, gs, part, ch, hs, ws, hm, wm, npos, chunk,
