@@ -110,6 +110,7 @@ def _level_fwd_kernel(
     o_b, o_h, o_w,  # strides of out
     K: tl.constexpr, STRIDE: tl.constexpr,
     HAS_LEVEL: tl.constexpr, HAS_ACC: tl.constexpr, IS_LAST: tl.constexpr, HAS_BIAS: tl.constexpr,
+    FLIP: tl.constexpr,  # rotate every kernel by 180 degrees (the input-gradient pass)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
 ):
     PAD: tl.constexpr = K // 2
@@ -140,7 +141,11 @@ def _level_fwd_kernel(
             for kx in tl.static_range(K):
                 s0, s1, s2, s3 = _butterfly_at(src, cc, cmask, m + (ky - PAD), n + (kx - PAD),
                                                Hs, Ws, s_h, s_w, COMPUTE)
-                wp = lw_ptr + (ky * K + kx) * C + cc
+                if FLIP:
+                    tap = (K - 1 - ky) * K + (K - 1 - kx)
+                else:
+                    tap = ky * K + kx
+                wp = lw_ptr + tap * C + cc
                 t0 += tl.load(wp, mask=cmask, other=0.0).to(COMPUTE) * s0
                 t1 += tl.load(wp + KK * C, mask=cmask, other=0.0).to(COMPUTE) * s1
                 t2 += tl.load(wp + 2 * KK * C, mask=cmask, other=0.0).to(COMPUTE) * s2
@@ -172,11 +177,19 @@ def _level_fwd_kernel(
                 v0 = tl.load(p0, mask=mh0 & mw, other=0.0).to(COMPUTE)
                 v1 = tl.load(p0 + s_h, mask=mh1 & mw, other=0.0).to(COMPUTE)
                 if j < K:  # phase q = 0 uses kx = j
-                    wq0 = tl.load(bw_ptr + (ky * K + j) * C + cc, mask=cmask, other=0.0).to(COMPUTE)
+                    if FLIP:
+                        tap0 = (K - 1 - ky) * K + (K - 1 - j)
+                    else:
+                        tap0 = ky * K + j
+                    wq0 = tl.load(bw_ptr + tap0 * C + cc, mask=cmask, other=0.0).to(COMPUTE)
                     y00 += wq0 * v0
                     y10 += wq0 * v1
                 if j >= 1:  # phase q = 1 uses kx = j - 1
-                    wq1 = tl.load(bw_ptr + (ky * K + j - 1) * C + cc, mask=cmask, other=0.0).to(COMPUTE)
+                    if FLIP:
+                        tap1 = (K - 1 - ky) * K + (K - j)
+                    else:
+                        tap1 = ky * K + (j - 1)
+                    wq1 = tl.load(bw_ptr + tap1 * C + cc, mask=cmask, other=0.0).to(COMPUTE)
                     y01 += wq1 * v0
                     y11 += wq1 * v1
         if HAS_BIAS:
@@ -369,29 +382,27 @@ def ll_pyramid(x: Tensor, levels: int) -> list[Tensor]:
 
 def folded_weights(
     weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor,
-    flip: bool = False,
 ) -> tuple[Tensor, Optional[Tensor], Tensor]:
     """The kernels' weights: scales folded in, taps-major and channels contiguous, in the compute dtype.
 
-    Returns ``(base (K, K, C), bias * base_scale (C,) or None, levels (L, 4, K, K, C))``; ``flip`` rotates every
-    kernel by 180 degrees (the input-gradient pass).
+    Returns ``(base (K, K, C), bias * base_scale (C,) or None, levels (L, 4, K, K, C))``. The forward computes them
+    once and the backward reuses them (the input-gradient pass reads them rotated, ``flip=True``).
     """
     acc = _acc_dtype(weight.dtype)
     base = weight[:, 0].to(acc) * base_scale.to(acc)[:, None, None]
     lev = wavelet_weight.to(acc) * wavelet_scale.to(acc)[..., None, None]
-    if flip:
-        base = base.flip(-1, -2)
-        lev = lev.flip(-1, -2)
     fb = None if bias is None else (bias.to(acc) * base_scale.to(acc)).contiguous()
     return base.permute(1, 2, 0).contiguous(), fb, lev.permute(0, 2, 3, 4, 1).contiguous()
 
 
 def wtconv_forward(
     pyr: list[Tensor], out: Tensor, base_w: Tensor, base_b: Optional[Tensor], level_w: Tensor, stride: int,
+    flip: bool = False,
 ) -> Tensor:
     """Run the level kernels coarse to fine on the low-pass pyramid ``pyr`` of the input, writing ``out``.
 
-    ``out`` is channels-last (B, C, ceil(H/stride), ceil(W/stride)); the weights come from :func:`folded_weights`.
+    ``out`` is channels-last (B, C, ceil(H/stride), ceil(W/stride)); the weights come from :func:`folded_weights`;
+    ``flip`` rotates every kernel by 180 degrees (the input-gradient pass).
     """
     x = pyr[0]
     _check_cl(x, out)
@@ -415,7 +426,7 @@ def wtconv_forward(
             src.stride(0), src.stride(2), src.stride(3), aux.stride(0), aux.stride(2), aux.stride(3),
             dst.stride(0), dst.stride(2), dst.stride(3),
             K=k, STRIDE=stride if last else 1,
-            HAS_LEVEL=levels > 0, HAS_ACC=acc is not None, IS_LAST=last, HAS_BIAS=base_b is not None,
+            HAS_LEVEL=levels > 0, HAS_ACC=acc is not None, IS_LAST=last, HAS_BIAS=base_b is not None, FLIP=flip,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=compute, num_warps=TUNING["fwd_warps"],
         )
         acc = dst

@@ -1,8 +1,15 @@
-"""The fused WTConv as ``torch.library`` custom ops, with autograd, fake (meta) kernels and autocast.
+"""The fused WTConv for autograd, ``torch.compile`` and autocast.
 
-``torch.compile(fullgraph=True)`` sees two opaque ops, ``wtconvnext::wtconv2d`` and
-``wtconvnext::wtconv2d_backward``, and never breaks the graph. The forward saves only x (and the parameters);
-the backward recomputes the low-pass pyramid of x instead of storing coefficients.
+Two entry points share one forward and one backward implementation:
+
+- under ``torch.compile``: the ``torch.library`` custom ops ``wtconvnext::wtconv2d`` and
+  ``wtconvnext::wtconv2d_backward`` with fake (meta) kernels, so ``fullgraph=True`` traces a whole WTConvNeXt with
+  no graph break;
+- in eager mode: a plain ``torch.autograd.Function`` that calls the same implementation directly, because the
+  custom-op dispatch costs host time that small layers cannot hide (on the H200, stage-4 layers were host-bound).
+
+The forward saves only x, the parameters and the folded kernels; the backward recomputes the low-pass pyramid of x
+instead of storing coefficients.
 """
 
 from __future__ import annotations
@@ -49,39 +56,23 @@ def _in_format_of(t: Tensor, x: Tensor) -> Tensor:
 if TRITON_AVAILABLE:
     from .triton_kernels import folded_weights, ll_pyramid, wtconv_forward, wtconv_weight_grads
 
-    @torch.library.custom_op("wtconvnext::wtconv2d", mutates_args=(), device_types=None)
-    def _wtconv2d_op(
-        x: Tensor,
-        weight: Tensor,
-        bias: Optional[Tensor],
-        base_scale: Tensor,
-        wavelet_weight: Tensor,
-        wavelet_scale: Tensor,
-        stride: int,
-    ) -> Tensor:
+    def _forward_impl(
+        x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
+        wavelet_scale: Tensor, stride: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """y in x's memory format, and the folded base and level kernels (for the backward)."""
         # The kernels work on channels-last data (wide channel vectors); NCHW input costs one copy each way.
-        xc = _channels_last(x)
         out = torch.empty(_output_shape(x, stride), device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
-        levels = wavelet_weight.shape[0]
-        pyr = ll_pyramid(xc, levels)
-        wtconv_forward(pyr, out, *folded_weights(weight, bias, base_scale, wavelet_weight, wavelet_scale), stride)
-        return _in_format_of(out, x)
+        base_w, base_b, level_w = folded_weights(weight, bias, base_scale, wavelet_weight, wavelet_scale)
+        wtconv_forward(ll_pyramid(_channels_last(x), wavelet_weight.shape[0]), out, base_w, base_b, level_w, stride)
+        return _in_format_of(out, x), base_w, level_w
 
-    @_wtconv2d_op.register_fake
-    def _(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
-        return _empty_output(x, stride)
-
-    @torch.library.custom_op("wtconvnext::wtconv2d_backward", mutates_args=(), device_types=None)
-    def _wtconv2d_backward_op(
-        dy: Tensor,
-        x: Tensor,
-        weight: Tensor,
-        bias: Optional[Tensor],
-        base_scale: Tensor,
-        wavelet_weight: Tensor,
-        wavelet_scale: Tensor,
-        stride: int,
+    def _backward_impl(
+        dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
+        wavelet_scale: Tensor, stride: int, base_w: Tensor, level_w: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """(dx, d weight, d bias, d base_scale, d wavelet_weight, d wavelet_scale); d bias is for a zero bias when
+        ``bias`` is None. ``base_w`` / ``level_w`` are the forward's folded kernels."""
         bsz, ch, h, w = x.shape
         levels, k = wavelet_weight.shape[0], weight.shape[-1]
         if stride > 1:
@@ -95,8 +86,7 @@ if TRITON_AVAILABLE:
         xpyr = ll_pyramid(_channels_last(x), levels)
         # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
         dx = torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
-        base_w, _, level_w = folded_weights(weight, None, base_scale, wavelet_weight, wavelet_scale, flip=True)
-        wtconv_forward(gpyr, dx, base_w, None, level_w, 1)
+        wtconv_forward(gpyr, dx, base_w, None, level_w, 1, flip=True)
         dx = _in_format_of(dx, x)
         level_corr, base_corr = wtconv_weight_grads(xpyr, gpyr, k, levels)
         dy_sum = dy.sum((0, 2, 3), dtype=base_corr.dtype)
@@ -118,6 +108,36 @@ if TRITON_AVAILABLE:
             d_wavelet_weight.to(wavelet_weight.dtype).contiguous(),
             d_wavelet_scale.to(wavelet_scale.dtype).contiguous(),
         )
+
+    @torch.library.custom_op("wtconvnext::wtconv2d", mutates_args=(), device_types=None)
+    def _wtconv2d_op(
+        x: Tensor,
+        weight: Tensor,
+        bias: Optional[Tensor],
+        base_scale: Tensor,
+        wavelet_weight: Tensor,
+        wavelet_scale: Tensor,
+        stride: int,
+    ) -> Tensor:
+        return _forward_impl(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)[0]
+
+    @_wtconv2d_op.register_fake
+    def _(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
+        return _empty_output(x, stride)
+
+    @torch.library.custom_op("wtconvnext::wtconv2d_backward", mutates_args=(), device_types=None)
+    def _wtconv2d_backward_op(
+        dy: Tensor,
+        x: Tensor,
+        weight: Tensor,
+        bias: Optional[Tensor],
+        base_scale: Tensor,
+        wavelet_weight: Tensor,
+        wavelet_scale: Tensor,
+        stride: int,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        base_w, _, level_w = folded_weights(weight, None, base_scale, wavelet_weight, wavelet_scale)
+        return _backward_impl(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, base_w, level_w)
 
     @_wtconv2d_backward_op.register_fake
     def _(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
@@ -145,6 +165,25 @@ if TRITON_AVAILABLE:
 
     _wtconv2d_op.register_autograd(_backward, setup_context=_setup_context)
 
+    class _WTConvFunction(torch.autograd.Function):
+        """Eager-mode autograd: the same implementation as the custom ops, without their dispatch."""
+
+        @staticmethod
+        def forward(ctx, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
+            y, base_w, level_w = _forward_impl(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+            ctx.save_for_backward(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, base_w, level_w)
+            ctx.stride = stride
+            return y
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, dy):
+            x, weight, bias, base_scale, wavelet_weight, wavelet_scale, base_w, level_w = ctx.saved_tensors
+            dx, dw, db, dbs, dww, dws = _backward_impl(
+                dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, ctx.stride, base_w, level_w
+            )
+            return dx, dw, (db if bias is not None else None), dbs, dww, dws, None
+
 
 def wtconv2d_triton(
     x: Tensor,
@@ -169,4 +208,6 @@ def wtconv2d_triton(
         weight, base_scale = weight.to(dtype), base_scale.to(dtype)
         bias = bias.to(dtype) if bias is not None else None
         wavelet_weight, wavelet_scale = wavelet_weight.to(dtype), wavelet_scale.to(dtype)
-    return _wtconv2d_op(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+    if torch.compiler.is_compiling():
+        return _wtconv2d_op(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+    return _WTConvFunction.apply(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
