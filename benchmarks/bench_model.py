@@ -28,6 +28,16 @@ import timm  # noqa: E402
 import wtconvnext  # noqa: E402,F401  (registers the models)
 
 MODELS = ("convnext_tiny", "wtconvnext_tiny")
+COMPILE_MODE = "default"  # --compile-mode; "reduce-overhead" replays CUDA graphs (no per-launch host cost)
+
+
+def _compile(model):
+    return torch.compile(model, mode=None if COMPILE_MODE == "default" else COMPILE_MODE)
+
+
+def _step_begin(compile_: bool) -> None:
+    if compile_ and COMPILE_MODE == "reduce-overhead":
+        torch.compiler.cudagraph_mark_step_begin()
 
 
 def _time_steps(step, warmup: int, iters: int) -> float:
@@ -52,12 +62,13 @@ def _train_case(name: str, amp: bool, compile_: bool, batch: int, warmup: int, i
     model = timm.create_model(name, num_classes=1000).cuda().to(memory_format=torch.channels_last)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, fused=True)
-    fwd = torch.compile(model) if compile_ else model
+    fwd = _compile(model) if compile_ else model
     x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
     target = torch.randint(0, 1000, (batch,), device="cuda")
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step():
+        _step_begin(compile_)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
             loss = loss_fn(fwd(x), target)
         loss.backward()
@@ -78,10 +89,11 @@ def _train_case(name: str, amp: bool, compile_: bool, batch: int, warmup: int, i
 
 def _infer_case(name: str, amp: bool, compile_: bool, batch: int, warmup: int, iters: int) -> dict:
     model = timm.create_model(name, num_classes=1000).cuda().eval().to(memory_format=torch.channels_last)
-    fwd = torch.compile(model) if compile_ else model
+    fwd = _compile(model) if compile_ else model
     x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
 
     def step():
+        _step_begin(compile_)
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
             fwd(x)
 
@@ -100,9 +112,14 @@ def main(argv=None) -> int:
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--compile-amp-only", action="store_true", help="torch.compile runs under bf16 AMP only")
     ap.add_argument("--compiled-only", action="store_true", help="skip the eager training and inference runs")
+    ap.add_argument("--compile-mode", default="default",
+                    choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+                    help="torch.compile mode for both models")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args(argv)
+    global COMPILE_MODE
+    COMPILE_MODE = args.compile_mode
     if not torch.cuda.is_available():
         print("bench_model.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -136,7 +153,7 @@ def main(argv=None) -> int:
 
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                timm=timm.__version__, cuda=torch.version.cuda, python=platform.python_version(),
-               date=time.strftime("%Y-%m-%d %H:%M:%S"), channels_last=True)
+               date=time.strftime("%Y-%m-%d %H:%M:%S"), channels_last=True, compile_mode=COMPILE_MODE)
     print(f"# {env}")
     hdr = f"{'task':6} {'mode':14} {'model':16} {'ms':>8} {'img/s':>8} {'peak GB':>8} {'img/s vs ConvNeXt':>18} {'mem vs ConvNeXt':>16}"
     print(hdr)

@@ -92,7 +92,8 @@ def main(argv=None) -> int:
             totals[cfg] = totals.get(cfg, 0.0) + r["ms"]
         pos, bc, warps = min(totals, key=totals.get)
         best.update({f"{kern}_positions": pos, f"{kern}_block_c": bc, f"{kern}_warps": warps})
-        print(f"  {kern:5} best overall: positions={pos} block_c={bc} warps={warps}, total {totals[(pos, bc, warps)]:.3f} ms")
+        print(f"  {kern:5} best overall: positions={pos} block_c={bc} warps={warps}, "
+              f"total {totals[(pos, bc, warps)]:.3f} ms")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(rows=rows, best=best, default=default), indent=1))

@@ -344,7 +344,9 @@ def _empty_cl(shape: tuple[int, int, int, int], like: Tensor, dtype: torch.dtype
 def _check_cl(*tensors: Tensor) -> None:
     for t in tensors:
         if t.stride(1) != 1 and t.shape[1] > 1:
-            raise ValueError(f"fused WTConv kernels need channels-last tensors (channel stride 1), got strides {t.stride()}")
+            raise ValueError(
+                f"fused WTConv kernels need channels-last tensors (channel stride 1), got strides {t.stride()}"
+            )
 
 
 def _pos_tiles(hc: int, wc: int, positions: int) -> tuple[int, int, int, int]:
