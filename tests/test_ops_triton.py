@@ -259,3 +259,43 @@ def test_model_to_channels_last_keeps_the_function():
         y_cl = model(x.to(memory_format=torch.channels_last))
     assert model.stages[0].blocks[0].conv_dw.wavelet_weight.is_contiguous()
     torch.testing.assert_close(y_cl, y, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tuning", [
+    dict(fwd_positions=2, fwd_block_c=2, wgrad_positions=2, wgrad_block_c=2, wgrad_programs=3),
+    dict(fwd_positions=64, fwd_block_c=4, wgrad_positions=16, wgrad_block_c=8, wgrad_programs=1),
+], ids=["tiny-tiles", "large-tiles"])
+def test_launch_shapes_do_not_change_results(tuning, monkeypatch):
+    """Tile edges, channel blocks and weight-gradient chunks that split maps, images and channels unevenly."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, **tuning})
+    b, c, h, w, k, levels, stride, bias = 2, 3, 9, 10, 3, 3, 1, True  # coarse maps 5x5, 3x3, 2x2
+    params = _params(c, k, levels, bias, torch.float64)
+    x = torch.randn(b, c, h, w, dtype=torch.float64, device=DEVICE)
+    ref, dy = _run(x, params, stride, "reference")
+    out, _ = _run(x, params, stride, "triton", dy)
+    for name, r, o in zip(NAMES, ref, out):
+        assert _max_rel(o, r) <= 1e-10, name
+
+
+def test_tuning_file(tmp_path, monkeypatch):
+    """WTCONVNEXT_TUNING applies a tune_tiles.py result and rejects a bad one with a message naming the problem."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    monkeypatch.setattr(tk, "TUNING", dict(tk.TUNING))
+    good = tmp_path / "tuned.json"
+    good.write_text(json.dumps({"fwd_positions": 8, "wgrad_warps": 2}))
+    monkeypatch.setenv("WTCONVNEXT_TUNING", str(good))
+    tk._tuning_from_env()
+    assert tk.TUNING["fwd_positions"] == 8 and tk.TUNING["wgrad_warps"] == 2
+    for text, match in (("{not json", "cannot read"), ("[1, 2]", "JSON object"), ('{"fwd_tiles": 8}', "unknown keys"),
+                        ('{"fwd_block_c": 24}', "power of two"), ('{"wgrad_warps": 0}', "non-positive")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        monkeypatch.setenv("WTCONVNEXT_TUNING", str(bad))
+        with pytest.raises(RuntimeError, match=match):
+            tk._tuning_from_env()
+    monkeypatch.setenv("WTCONVNEXT_TUNING", str(tmp_path / "missing.json"))
+    with pytest.raises(RuntimeError, match="cannot read"):
+        tk._tuning_from_env()
