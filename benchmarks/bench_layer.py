@@ -13,10 +13,7 @@ layout of depthwise 7x7 (cuDNN) and writes everything as JSON.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -24,6 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import gpu_env, write_json  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
 SHAPES = [  # B, C, H, W, levels
@@ -101,8 +99,6 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_layer.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    import triton
-
     torch.backends.cudnn.benchmark = True
     rep = 40 if args.quick else 100
     rows = []
@@ -136,8 +132,7 @@ def main(argv=None) -> int:
         r["peak_vs_best_dw7"] = r["peak_mb"] / ref["peak_mb"] if ref["peak_mb"] > 0 else float("nan")
         r["best_dw7_layout"] = ref["impl"]
 
-    env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               cuda=torch.version.cuda, python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M:%S"))
+    env = gpu_env()
     print(f"# {env}")
     hdr = f"{'dtype':5} {'shape (B,C,H,W,L)':22} {'impl':20} {'fwd ms':>8} {'f+b ms':>8} {'peak MB':>9} {'f+b/dw7*':>9} {'mem/dw7*':>9}"
     print(hdr)
@@ -147,11 +142,7 @@ def main(argv=None) -> int:
         print(f"{r['dtype']:5} {shape:22} {r['impl']:20} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} {r['peak_mb']:9.1f} "
               f"{r['fwdbwd_vs_best_dw7']:9.2f} {r['peak_vs_best_dw7']:9.2f}")
     print("* ratio to the faster layout of depthwise 7x7 (cuDNN) in the same dtype and shape")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(dict(env=env, rows=rows), indent=1))
-    tmp.replace(out)
+    write_json(args.out, dict(env=env, rows=rows))
     return 0
 
 

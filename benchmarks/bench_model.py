@@ -13,10 +13,7 @@ Prints a table with the ratios WTConvNeXt / ConvNeXt and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import timm  # noqa: E402
 
 import wtconvnext  # noqa: E402,F401  (registers the models)
+from benchmarks.common import gpu_env, write_json  # noqa: E402
 
 MODELS = ("convnext_tiny", "wtconvnext_tiny")
 COMPILE_MODE = "default"  # --compile-mode; "reduce-overhead" replays CUDA graphs (no per-launch host cost)
@@ -123,8 +121,6 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_model.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    import triton
-
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = True  # timm's train.py default behaviour on Ampere+ for fp32
     torch.backends.cudnn.allow_tf32 = True
@@ -151,9 +147,7 @@ def main(argv=None) -> int:
         if "peak_gb" in r:
             r["peak_vs_convnext"] = r["peak_gb"] / base["peak_gb"]
 
-    env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               timm=timm.__version__, cuda=torch.version.cuda, python=platform.python_version(),
-               date=time.strftime("%Y-%m-%d %H:%M:%S"), channels_last=True, compile_mode=COMPILE_MODE)
+    env = gpu_env(timm=timm.__version__, channels_last=True, compile_mode=COMPILE_MODE)
     print(f"# {env}")
     hdr = f"{'task':6} {'mode':14} {'model':16} {'ms':>8} {'img/s':>8} {'peak GB':>8} {'img/s vs ConvNeXt':>18} {'mem vs ConvNeXt':>16}"
     print(hdr)
@@ -164,11 +158,7 @@ def main(argv=None) -> int:
         mem = f"{r['peak_vs_convnext']:16.2f}" if "peak_vs_convnext" in r else f"{'':16}"
         print(f"{r['task']:6} {mode:14} {r['model']:16} {r['ms']:8.2f} {r['img_s']:8.0f} {peak} "
               f"{r['throughput_vs_convnext']:18.2f} {mem}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(dict(env=env, rows=rows), indent=1))
-    tmp.replace(out)
+    write_json(args.out, dict(env=env, rows=rows))
     return 0
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import DTYPES, SHAPES, _bench  # noqa: E402
+from benchmarks.common import gpu_env, write_json  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 
 
@@ -59,20 +59,16 @@ def main(argv=None) -> int:
             def wgrad():
                 tk.wtconv_weight_grads(xpyr, gpyr, k, levels)
 
-            for pos, bc, warps in itertools.product(args.fwd_positions, args.fwd_block_c, args.fwd_warps):
-                tk.TUNING.update(fwd_positions=pos, fwd_block_c=bc, fwd_warps=warps)
-                fwd()
-                rows.append(dict(kernel="fwd", dtype=dname, C=c, H=h, levels=levels, positions=pos, block_c=bc,
-                                 warps=warps, ms=_bench(fwd, warmup=5, rep=20)))
-                print(rows[-1], flush=True)
-            tk.TUNING.update(default)
-            for pos, bc, warps in itertools.product(args.wgrad_positions, args.wgrad_block_c, args.wgrad_warps):
-                tk.TUNING.update(wgrad_positions=pos, wgrad_block_c=bc, wgrad_warps=warps)
-                wgrad()
-                rows.append(dict(kernel="wgrad", dtype=dname, C=c, H=h, levels=levels, positions=pos, block_c=bc,
-                                 warps=warps, ms=_bench(wgrad, warmup=5, rep=20)))
-                print(rows[-1], flush=True)
-            tk.TUNING.update(default)
+            sweeps = (("fwd", fwd, (args.fwd_positions, args.fwd_block_c, args.fwd_warps)),
+                      ("wgrad", wgrad, (args.wgrad_positions, args.wgrad_block_c, args.wgrad_warps)))
+            for kern, fn, space in sweeps:
+                for pos, bc, warps in itertools.product(*space):
+                    tk.TUNING.update({f"{kern}_positions": pos, f"{kern}_block_c": bc, f"{kern}_warps": warps})
+                    fn()  # compile outside the timing
+                    rows.append(dict(kernel=kern, dtype=dname, C=c, H=h, levels=levels, positions=pos, block_c=bc,
+                                     warps=warps, ms=_bench(fn, warmup=5, rep=20)))
+                    print(rows[-1], flush=True)
+                tk.TUNING.update(default)
     best = {}
     print("\nbest per shape (default in brackets):")
     for kern in ("fwd", "wgrad"):
@@ -94,11 +90,9 @@ def main(argv=None) -> int:
         best.update({f"{kern}_positions": pos, f"{kern}_block_c": bc, f"{kern}_warps": warps})
         print(f"  {kern:5} best overall: positions={pos} block_c={bc} warps={warps}, "
               f"total {totals[(pos, bc, warps)]:.3f} ms")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(rows=rows, best=best, default=default), indent=1))
+    write_json(args.out, dict(env=gpu_env(), rows=rows, best=best, default=default))
     if args.best_out:
-        Path(args.best_out).write_text(json.dumps(best, indent=1))
+        write_json(args.best_out, best)
     return 0
 
 

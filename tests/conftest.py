@@ -2,8 +2,9 @@
 
 The golden data lives in ``shared/golden``, which is not part of this repository. It is looked for, in order, in
 ``$WTCONVNEXT_SHARED/golden``, then in ``shared/golden`` beside any parent of this file (a fresh clone in CI has
-``shared/`` as a sibling of the repository directory). Collection fails loudly when it is missing, rather than
-silently running no golden test.
+``shared/`` as a sibling of the repository directory), then beside any parent of the local repository this one was
+cloned from (``git clone . /tmp/ci-check`` of a checkout that has ``../shared``). Collection fails loudly when it is
+missing, rather than silently running no golden test.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 import torch
@@ -31,11 +33,27 @@ import wtconvnext  # noqa: E402,F401  (registers the models with timm)
 torch.set_num_threads(int(os.environ.get("WTCONVNEXT_TEST_THREADS", "1")))
 
 
+def _local_origin() -> Optional[Path]:
+    """The directory this checkout was cloned from, when that is a local path (else None)."""
+    try:
+        url = subprocess.run(["git", "config", "--get", "remote.origin.url"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if url.startswith("file://"):
+        url = url[len("file://"):]
+    path = Path(url)
+    return path.resolve() if url and path.is_absolute() and path.is_dir() else None
+
+
 def find_golden() -> Path:
     """Return the golden data directory (see the module docstring)."""
     env = os.environ.get("WTCONVNEXT_SHARED")
     candidates = [Path(env) / "golden"] if env else []
     candidates += [p / "shared" / "golden" for p in Path(__file__).resolve().parents]
+    origin = _local_origin()
+    if origin is not None:
+        candidates += [p / "shared" / "golden" for p in (origin, *origin.parents)]
     for c in candidates:
         if (c / "index.json").is_file():
             return c

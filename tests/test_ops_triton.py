@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,19 +21,13 @@ else:
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
 
+from conftest import GOLDEN  # noqa: E402
 from wtconvnext import WTConv2d  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
 pytestmark = pytest.mark.triton
 
 
-def _golden_dir() -> Path:
-    if os.environ.get("WTCONVNEXT_SHARED"):
-        return Path(os.environ["WTCONVNEXT_SHARED"]) / "golden"
-    return Path(__file__).resolve().parents[2] / "shared" / "golden"
-
-
-GOLDEN_DIR = _golden_dir()
 
 
 def _params(c: int, k: int, levels: int, bias: bool, dtype: torch.dtype, device: str = DEVICE):
@@ -73,7 +66,7 @@ NAMES = ["y", "dx", "dweight", "dbias", "dbase_scale", "dwavelet_weight", "dwave
 
 
 def _golden_cases():
-    index = json.loads((GOLDEN_DIR / "index.json").read_text())
+    index = json.loads((GOLDEN / "index.json").read_text())
     return [case["file"] for case in index["layers"]]
 
 
@@ -82,7 +75,7 @@ def _golden_cases():
 def test_golden_layer_triton(case, dtype, tol):
     from safetensors.torch import load_file
 
-    data = load_file(str(GOLDEN_DIR / case))
+    data = load_file(str(GOLDEN / case))
     c = data["x"].shape[1]
     k = data["param.base_conv.weight"].shape[-1]
     levels = sum(1 for key in data if key.startswith("param.wavelet_convs."))
