@@ -41,9 +41,11 @@ __all__ = ["ll_pyramid", "wtconv_forward", "wtconv_weight_grads", "TUNING"]
 
 @triton.jit
 def _butterfly_at(base, cc, cmask, mm, nn, Hs, Ws, s_h, s_w, COMPUTE: tl.constexpr):
-    """The four Haar subbands of the 2x2 blocks at coarse positions (mm, nn); zero outside the finer map.
+    """Twice the four Haar subbands of the 2x2 blocks at coarse positions (mm, nn); zero outside the finer map.
 
     ``base`` points at each position's image (any shape broadcastable with ``mm``); ``cc`` are channel offsets.
+    The Haar factor 1/2 is left to the callers, which fold it into a weight or a final scale instead of paying a
+    multiply per tap.
     """
     r0 = 2 * mm
     c0 = 2 * nn
@@ -61,7 +63,7 @@ def _butterfly_at(base, cc, cmask, mm, nn, Hs, Ws, s_h, s_w, COMPUTE: tl.constex
     cd = c + d
     amb = a - b
     cmd = c - d
-    return (ab + cd) * 0.5, (ab - cd) * 0.5, (amb + cmd) * 0.5, (amb - cmd) * 0.5
+    return ab + cd, ab - cd, amb + cmd, amb - cmd
 
 
 @triton.jit
@@ -82,7 +84,7 @@ def _ll_kernel(
     cmask = cc < C
     s0, _, _, _ = _butterfly_at(src_ptr + bidx * s_b, cc, cmask, m, n, Hs, Ws, s_h, s_w, COMPUTE)
     off = bidx * o_b + m.to(tl.int64) * o_h + n.to(tl.int64) * o_w + cc
-    tl.store(out_ptr + off, s0, mask=cmask & (m < Hc) & (n < Wc))
+    tl.store(out_ptr + off, s0 * 0.5, mask=cmask & (m < Hc) & (n < Wc))
 
 
 @triton.jit
@@ -101,7 +103,7 @@ def _level_fwd_kernel(
     src_ptr,  # (B, Hs, Ws, C): LL_{i-1} (x at level 1)
     acc_ptr,  # (B, Hc, Wc, C): synthesis of the coarser levels (read when HAS_ACC)
     out_ptr,  # (B, Hs, Ws, C) acc_i, or y (B, ceil(Hs/STRIDE), ceil(Ws/STRIDE), C) when IS_LAST
-    lw_ptr,  # (4, K, K, C) this level's kernels times their scales (HAS_LEVEL)
+    lw_ptr,  # (4, K, K, C) this level's kernels times their scales and the Haar 1/2 (HAS_LEVEL)
     bw_ptr,  # (K, K, C) base kernel times base_scale (IS_LAST)
     bb_ptr,  # (C,) bias times base_scale (HAS_BIAS)
     C, Hs, Ws, Hc, Wc, TILES_N, TILES,
@@ -215,33 +217,35 @@ def _level_fwd_kernel(
 def _wgrad_kernel(
     xs_ptr,  # (B, Hs, Ws, C): LL_{i-1} of x (x itself for the base)
     gs_ptr,  # (B, Hs, Ws, C): LL_{i-1} of dy (dy itself for the base)
-    part_ptr,  # (CHUNKS, K, NSUB, KP, C) fp32 (fp64 for fp64 inputs) partial correlations of this program's row ky
+    part_ptr,  # (CHUNKS, NSUB, TP, C) fp32 (fp64 for fp64 inputs): this program's partial correlations
     C, Hs, Ws, Hm, Wm, NPOS, CHUNK,  # Hm x Wm: the map the positions run over (coarse for a level, fine for base)
     xs_b, xs_h, xs_w, gs_b, gs_h, gs_w,
-    K: tl.constexpr, KP: tl.constexpr, BASE: tl.constexpr,
+    K: tl.constexpr, TP: tl.constexpr, BASE: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
 ):
     """Correlations ``sum_q u_s[q + (ky - P, kx - P)] * g_s[q]`` over this program's CHUNK positions q.
 
     Level (BASE false): u, g are the four Haar subbands of LL_{i-1} of x and dy at coarse positions. Base: u = x,
-    g = dy at full resolution (one "subband"). The kx taps are a tensor axis (padded to KP), so each position's g is
-    loaded once per row ky and the accumulators stay elementwise until one reduction at the end.
+    g = dy at full resolution (one "subband"). All K*K taps are one tensor axis (padded to TP), so dy's butterfly
+    is computed once per position for every tap, and the accumulators stay elementwise until one reduction over
+    the positions at the end.
     """
     PAD: tl.constexpr = K // 2
     NSUB: tl.constexpr = 1 if BASE else 4
     chunk = tl.program_id(0)
-    ky = tl.program_id(1)
-    cb = tl.program_id(2)
-    kx = tl.arange(0, KP)[:, None, None]  # (KP, 1, 1)
-    kmask = kx < K
+    cb = tl.program_id(1)
+    t = tl.arange(0, TP)[:, None, None]  # (TP, 1, 1) taps, row-major over (ky, kx)
+    tmask = t < K * K
+    oy = t // K - PAD
+    ox = t % K - PAD
     cc = cb * BLOCK_C + tl.arange(0, BLOCK_C)[None, None, :]  # (1, 1, C)
     cmask = cc < C
     hw = Hm * Wm
-    a0 = tl.zeros((KP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
+    a0 = tl.zeros((TP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
     if not BASE:
-        a1 = tl.zeros((KP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
-        a2 = tl.zeros((KP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
-        a3 = tl.zeros((KP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
+        a1 = tl.zeros((TP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
+        a2 = tl.zeros((TP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
+        a3 = tl.zeros((TP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
     start = chunk.to(tl.int64) * CHUNK
     for off in range(0, CHUNK, BLOCK_S):
         q = start + off + tl.arange(0, BLOCK_S)[None, :, None]  # (1, S, 1) flat positions over (b, m, n)
@@ -252,32 +256,34 @@ def _wgrad_kernel(
         n = rem - m * Wm
         xb = xs_ptr + bidx * xs_b
         gb = gs_ptr + bidx * gs_b
-        mm = m + (ky - PAD)
-        nn = n + (kx - PAD)  # (KP, S, 1)
+        mm = m + oy  # (TP, S, 1)
+        nn = n + ox
         if BASE:
             g0 = tl.load(gb + (m.to(tl.int64) * gs_h + n.to(tl.int64) * gs_w) + cc, mask=cmask & qmask,
                          other=0.0).to(COMPUTE)
-            inside = qmask & kmask & (mm >= 0) & (mm < Hs) & (nn >= 0) & (nn < Ws)
+            inside = qmask & tmask & (mm >= 0) & (mm < Hs) & (nn >= 0) & (nn < Ws)
             u0 = tl.load(xb + (mm.to(tl.int64) * xs_h + nn.to(tl.int64) * xs_w) + cc, mask=cmask & inside,
                          other=0.0).to(COMPUTE)
             a0 += u0 * g0
         else:
             g0, g1, g2, g3 = _butterfly_at(gb, cc, cmask & qmask, m, n, Hs, Ws, gs_h, gs_w, COMPUTE)
-            u0, u1, u2, u3 = _butterfly_at(xb, cc, cmask & qmask & kmask, mm, nn, Hs, Ws, xs_h, xs_w, COMPUTE)
+            u0, u1, u2, u3 = _butterfly_at(xb, cc, cmask & qmask & tmask, mm, nn, Hs, Ws, xs_h, xs_w, COMPUTE)
             a0 += u0 * g0
             a1 += u1 * g1
             a2 += u2 * g2
             a3 += u3 * g3
-    # One reduction over the positions at the end; rows of the partial buffer are (chunk, ky, subband, kx).
-    kx2 = tl.arange(0, KP)[:, None]
+    # One reduction over the positions at the end; rows of the partial buffer are (chunk, subband, tap).
+    t2 = tl.arange(0, TP)[:, None]
     c2 = cb * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
-    smask = (kx2 < KP) & (c2 < C)
-    row = part_ptr + ((chunk.to(tl.int64) * K + ky) * NSUB * KP + kx2) * C + c2
-    tl.store(row, tl.sum(a0, 1).to(part_ptr.dtype.element_ty), mask=smask)
-    if not BASE:
-        tl.store(row + KP * C, tl.sum(a1, 1).to(part_ptr.dtype.element_ty), mask=smask)
-        tl.store(row + 2 * KP * C, tl.sum(a2, 1).to(part_ptr.dtype.element_ty), mask=smask)
-        tl.store(row + 3 * KP * C, tl.sum(a3, 1).to(part_ptr.dtype.element_ty), mask=smask)
+    row = part_ptr + (chunk.to(tl.int64) * NSUB * TP + t2) * C + c2  # (TP, C); the mask broadcasts over taps
+    if BASE:
+        tl.store(row, tl.sum(a0, 1).to(part_ptr.dtype.element_ty), mask=c2 < C)
+    else:
+        # Both butterflies carry twice the subbands: the exact factor 1/4 once here, not two multiplies per tap.
+        tl.store(row, (tl.sum(a0, 1) * 0.25).to(part_ptr.dtype.element_ty), mask=c2 < C)
+        tl.store(row + TP * C, (tl.sum(a1, 1) * 0.25).to(part_ptr.dtype.element_ty), mask=c2 < C)
+        tl.store(row + 2 * TP * C, (tl.sum(a2, 1) * 0.25).to(part_ptr.dtype.element_ty), mask=c2 < C)
+        tl.store(row + 3 * TP * C, (tl.sum(a3, 1) * 0.25).to(part_ptr.dtype.element_ty), mask=c2 < C)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -296,11 +302,12 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 # reduction order, hence the bits, must not change from run to run. Override with ``TUNING.update(...)`` or with
 # ``WTCONVNEXT_TUNING=<file.json>`` (what tune_tiles.py writes) for another GPU.
 # H200 sweep (bf16, WTConvNeXt-T stage shapes; results/h200/tune_v2_bf16.json): 16 positions x 32 channels with
-# 4 warps was the fastest forward on stages 1-3 (stage 4: 0.233 vs 0.193 ms with 64 channels); 8 positions x 16
-# channels the least total weight-gradient time.
+# 4 warps was the fastest forward on stages 1-3 (stage 4: 0.233 vs 0.193 ms with 64 channels). Weight gradients
+# (all taps on one axis): 1 position x 64 channels was the fastest of 14 shapes on every stage, bf16 and fp32
+# (results/h200/wgrad_taps_v3.txt).
 TUNING: dict[str, int] = {
     "fwd_positions": 16, "fwd_block_c": 32, "fwd_warps": 4,
-    "wgrad_positions": 8, "wgrad_block_c": 16, "wgrad_warps": 4, "wgrad_programs": 2048,
+    "wgrad_positions": 1, "wgrad_block_c": 64, "wgrad_warps": 4, "wgrad_programs": 2048,
 }
 
 
@@ -385,14 +392,16 @@ def ll_pyramid(x: Tensor, levels: int) -> list[Tensor]:
 def folded_weights(
     weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor,
 ) -> tuple[Tensor, Optional[Tensor], Tensor]:
-    """The kernels' weights: scales folded in, taps-major and channels contiguous, in the compute dtype.
+    """The kernels' weights: scales (and, for the levels, the Haar 1/2) folded in, taps-major and channels
+    contiguous, in the compute dtype.
 
     Returns ``(base (K, K, C), bias * base_scale (C,) or None, levels (L, 4, K, K, C))``. The forward computes them
     once and the backward reuses them (the input-gradient pass reads them rotated, ``flip=True``).
     """
     acc = _acc_dtype(weight.dtype)
     base = weight[:, 0].to(acc) * base_scale.to(acc)[:, None, None]
-    lev = wavelet_weight.to(acc) * wavelet_scale.to(acc)[..., None, None]
+    # The Haar 1/2 of the analysis butterfly goes into the level kernels (exact: a power of two).
+    lev = wavelet_weight.to(acc) * (wavelet_scale.to(acc) * 0.5)[..., None, None]
     fb = None if bias is None else (bias.to(acc) * base_scale.to(acc)).contiguous()
     return base.permute(1, 2, 0).contiguous(), fb, lev.permute(0, 2, 3, 4, 1).contiguous()
 
@@ -440,24 +449,25 @@ def _correlate(xs: Tensor, gs: Tensor, k: int, base: bool) -> Tensor:
     bsz, ch, hs, ws = xs.shape
     hm, wm = (hs, ws) if base else ((hs + 1) // 2, (ws + 1) // 2)
     npos = bsz * hm * wm
-    kp = _pow2(k)
+    tp = _pow2(k * k)
     nsub = 1 if base else 4
-    bs = TUNING["wgrad_positions"]
     bc = _block_c(ch, TUNING["wgrad_block_c"])
+    # Positions per step: as tuned for 5x5 taps (32 lanes), fewer for larger kernels so the tile stays as large.
+    bs = max(1, min(TUNING["wgrad_positions"], TUNING["wgrad_positions"] * 32 // tp))
     cblocks = _cdiv(ch, bc)
     # Enough programs to fill the GPU; the chunk length depends on the shape only (bitwise reproducible).
-    chunks = max(1, min(_cdiv(npos, bs), TUNING["wgrad_programs"] // (k * cblocks)))
+    chunks = max(1, min(_cdiv(npos, bs), TUNING["wgrad_programs"] // cblocks))
     chunk = _cdiv(_cdiv(npos, chunks), bs) * bs
     chunks = _cdiv(npos, chunk)
-    part = torch.empty((chunks, k, nsub, kp, ch), device=xs.device, dtype=_acc_dtype(xs.dtype))
-    _wgrad_kernel[(chunks, k, cblocks)](
+    part = torch.empty((chunks, nsub, tp, ch), device=xs.device, dtype=_acc_dtype(xs.dtype))
+    _wgrad_kernel[(chunks, cblocks)](
         xs, gs, part, ch, hs, ws, hm, wm, npos, chunk,
         xs.stride(0), xs.stride(2), xs.stride(3), gs.stride(0), gs.stride(2), gs.stride(3),
-        K=k, KP=kp, BASE=base, BLOCK_S=bs, BLOCK_C=bc, COMPUTE=_compute_dtype(xs.dtype),
+        K=k, TP=tp, BASE=base, BLOCK_S=bs, BLOCK_C=bc, COMPUTE=_compute_dtype(xs.dtype),
         num_warps=TUNING["wgrad_warps"],
     )
-    # Fixed-order sum over the chunks (no atomics), then (ky, sub, kx, C) -> (sub, ky, kx, C).
-    return part.sum(0)[:, :, :k].permute(1, 0, 2, 3)
+    # Fixed-order sum over the chunks (no atomics).
+    return part.sum(0)[:, : k * k].view(nsub, k, k, ch)
 
 
 def wtconv_weight_grads(xpyr: list[Tensor], gpyr: list[Tensor], k: int, levels: int) -> tuple[Tensor, Tensor]:
