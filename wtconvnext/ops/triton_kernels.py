@@ -40,25 +40,17 @@ __all__ = ["ll_pyramid", "wtconv_forward", "wtconv_weight_grads", "TUNING"]
 
 
 @triton.jit
-def _butterfly_at(base, cc, cmask, mm, nn, Hs, Ws, s_h, s_w, COMPUTE: tl.constexpr):
-    """Twice the four Haar subbands of the 2x2 blocks at coarse positions (mm, nn); zero outside the finer map.
+def _butterfly(p_top, p_bot, m_a, m_b, m_c, m_d, C: tl.constexpr, COMPUTE: tl.constexpr):
+    """Twice the four Haar subbands of 2x2 blocks: ``p_top`` points at each block's top-left pixel, ``p_bot`` at
+    the one below it; ``m_a..m_d`` mask the four pixels (zero outside the finer map).
 
-    ``base`` points at each position's image (any shape broadcastable with ``mm``); ``cc`` are channel offsets.
     The Haar factor 1/2 is left to the callers, which fold it into a weight or a final scale instead of paying a
-    multiply per tap.
+    multiply per tap. The right-hand pixels sit ``C`` elements further: a compile-time offset.
     """
-    r0 = 2 * mm
-    c0 = 2 * nn
-    # r0 is even, so r0 + 1 >= 0 exactly when r0 >= 0.
-    top = (r0 >= 0) & (r0 < Hs)
-    bot = (r0 >= 0) & (r0 + 1 < Hs)
-    left = (c0 >= 0) & (c0 < Ws)
-    right = (c0 >= 0) & (c0 + 1 < Ws)
-    ptr = base + (r0.to(tl.int64) * s_h + c0.to(tl.int64) * s_w) + cc
-    a = tl.load(ptr, mask=cmask & top & left, other=0.0).to(COMPUTE)
-    b = tl.load(ptr + s_w, mask=cmask & top & right, other=0.0).to(COMPUTE)
-    c = tl.load(ptr + s_h, mask=cmask & bot & left, other=0.0).to(COMPUTE)
-    d = tl.load(ptr + (s_h + s_w), mask=cmask & bot & right, other=0.0).to(COMPUTE)
+    a = tl.load(p_top, mask=m_a, other=0.0).to(COMPUTE)
+    b = tl.load(p_top + C, mask=m_b, other=0.0).to(COMPUTE)
+    c = tl.load(p_bot, mask=m_c, other=0.0).to(COMPUTE)
+    d = tl.load(p_bot + C, mask=m_d, other=0.0).to(COMPUTE)
     ab = a + b
     cd = c + d
     amb = a - b
@@ -68,11 +60,10 @@ def _butterfly_at(base, cc, cmask, mm, nn, Hs, Ws, s_h, s_w, COMPUTE: tl.constex
 
 @triton.jit
 def _ll_kernel(
-    src_ptr,  # (B, Hs, Ws, C) channels-last: the finer low-pass (x, or a previous level)
-    out_ptr,  # (B, Hc, Wc, C) channels-last, compute dtype
-    C, Hs, Ws, Hc, Wc, TILES_N, TILES,
-    s_b, s_h, s_w, o_b, o_h, o_w,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
+    src_ptr,  # (B, Hs, Ws, C) dense channels-last: the finer low-pass (x, or a previous level)
+    out_ptr,  # (B, Hc, Wc, C) dense channels-last, compute dtype
+    Hs, Ws, TILES_N, TILES,
+    C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     bidx = (pid // TILES).to(tl.int64)
@@ -80,22 +71,34 @@ def _ll_kernel(
     s = tl.arange(0, BLOCK_M * BLOCK_N)[:, None]
     m = (tile // TILES_N) * BLOCK_M + s // BLOCK_N
     n = (tile % TILES_N) * BLOCK_N + s % BLOCK_N
+    hc = (Hs + 1) // 2
+    wc = (Ws + 1) // 2
     cc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
-    cmask = cc < C
-    s0, _, _, _ = _butterfly_at(src_ptr + bidx * s_b, cc, cmask, m, n, Hs, Ws, s_h, s_w, COMPUTE)
-    off = bidx * o_b + m.to(tl.int64) * o_h + n.to(tl.int64) * o_w + cc
-    tl.store(out_ptr + off, s0 * 0.5, mask=cmask & (m < Hc) & (n < Wc))
+    inside = (m < hc) & (n < wc)
+    if C % BLOCK_C != 0:
+        inside = inside & (cc < C)
+    row = Ws * C  # int32: offsets built from it are widened where they can pass 2^31
+    p_top = src_ptr + bidx * Hs * row + ((2 * m).to(tl.int64) * row + 2 * n * C) + cc
+    bot = 2 * m + 1 < Hs
+    right = 2 * n + 1 < Ws
+    s0, _, _, _ = _butterfly(p_top, p_top + row, inside, inside & right, inside & bot, inside & bot & right,
+                             C, COMPUTE)
+    off = bidx * hc * wc * C + (m.to(tl.int64) * wc + n) * C + cc
+    tl.store(out_ptr + off, s0 * 0.5, mask=inside)
 
 
 @triton.jit
-def _store_phase(base, cc, cmask, h, w, H, W, o_h, o_w, val, STRIDE: tl.constexpr):
+def _store_phase(out, cc, cmask, h, w, H, W, val, C: tl.constexpr, STRIDE: tl.constexpr):
+    """Store one phase of the synthesised tile into the dense channels-last ``out`` (one image)."""
     mask = cmask & (h < H) & (w < W)
+    wo = W
     if STRIDE > 1:
         # Stride is plain subsampling of the full-resolution output.
         mask = mask & (h % STRIDE == 0) & (w % STRIDE == 0)
         h = h // STRIDE
         w = w // STRIDE
-    tl.store(base + (h.to(tl.int64) * o_h + w.to(tl.int64) * o_w) + cc, val.to(base.dtype.element_ty), mask=mask)
+        wo = (W + STRIDE - 1) // STRIDE
+    tl.store(out + (h.to(tl.int64) * wo + w) * C + cc, val.to(out.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -106,15 +109,14 @@ def _level_fwd_kernel(
     lw_ptr,  # (4, K, K, C) this level's kernels times their scales and the Haar 1/2 (HAS_LEVEL)
     bw_ptr,  # (K, K, C) base kernel times base_scale (IS_LAST)
     bb_ptr,  # (C,) bias times base_scale (HAS_BIAS)
-    C, Hs, Ws, Hc, Wc, TILES_N, TILES,
-    s_b, s_h, s_w,  # strides of src (channel stride 1)
-    a_b, a_h, a_w,  # strides of acc
-    o_b, o_h, o_w,  # strides of out
-    K: tl.constexpr, STRIDE: tl.constexpr,
+    Hs, Ws, TILES_N, TILES,
+    C: tl.constexpr, K: tl.constexpr, STRIDE: tl.constexpr,
     HAS_LEVEL: tl.constexpr, HAS_ACC: tl.constexpr, IS_LAST: tl.constexpr, HAS_BIAS: tl.constexpr,
     FLIP: tl.constexpr,  # rotate every kernel by 180 degrees (the input-gradient pass)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
 ):
+    """All tensors dense channels-last. The channel count is a compile-time constant, so a column shift of a tap is
+    an immediate offset of the load, and the channel mask disappears when the channel blocks tile C exactly."""
     PAD: tl.constexpr = K // 2
     KK: tl.constexpr = K * K
     BLOCK_S: tl.constexpr = BLOCK_M * BLOCK_N
@@ -124,10 +126,14 @@ def _level_fwd_kernel(
     s = tl.arange(0, BLOCK_S)[:, None]
     m = (tile // TILES_N) * BLOCK_M + s // BLOCK_N  # coarse positions (S, 1)
     n = (tile % TILES_N) * BLOCK_N + s % BLOCK_N
-    c1 = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    cc = c1[None, :]  # (1, C)
-    cmask = cc < C
-    src = src_ptr + bidx * s_b
+    cc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]  # (1, C)
+    if C % BLOCK_C == 0:
+        cmask = tl.full((1, BLOCK_C), 1, tl.int1)
+    else:
+        cmask = cc < C
+    row = Ws * C  # int32: offsets built from it are widened where they can pass 2^31
+    # Every tap's pixels are fixed offsets from the tile's top-left pixels (2m, 2n).
+    origin = src_ptr + bidx * Hs * row + ((2 * m).to(tl.int64) * row + 2 * n * C) + cc  # (S, C)
 
     # Synthesised value of the four fine pixels (2m + r, 2n + q) of each coarse position.
     y00 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
@@ -140,22 +146,35 @@ def _level_fwd_kernel(
         t2 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
         t3 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
         for ky in range(K):
+            r0 = 2 * (m + ky - PAD)
+            # r0 is even, so r0 + 1 >= 0 exactly when r0 >= 0.
+            top = cmask & (r0 >= 0) & (r0 < Hs)
+            bot = cmask & (r0 >= 0) & (r0 + 1 < Hs)
+            p_top = origin + (2 * (ky - PAD)) * row
+            p_bot = p_top + row
+            if FLIP:
+                w_row = lw_ptr + ((K - 1 - ky) * K) * C + cc
+            else:
+                w_row = lw_ptr + (ky * K) * C + cc
             for kx in tl.static_range(K):
-                s0, s1, s2, s3 = _butterfly_at(src, cc, cmask, m + (ky - PAD), n + (kx - PAD),
-                                               Hs, Ws, s_h, s_w, COMPUTE)
+                c0 = 2 * (n + kx - PAD)
+                left = (c0 >= 0) & (c0 < Ws)
+                right = (c0 >= 0) & (c0 + 1 < Ws)
+                s0, s1, s2, s3 = _butterfly(p_top + 2 * (kx - PAD) * C, p_bot + 2 * (kx - PAD) * C,
+                                            top & left, top & right, bot & left, bot & right, C, COMPUTE)
                 if FLIP:
-                    tap = (K - 1 - ky) * K + (K - 1 - kx)
+                    wp = w_row + (K - 1 - kx) * C
                 else:
-                    tap = ky * K + kx
-                wp = lw_ptr + tap * C + cc
+                    wp = w_row + kx * C
                 t0 += tl.load(wp, mask=cmask, other=0.0).to(COMPUTE) * s0
                 t1 += tl.load(wp + KK * C, mask=cmask, other=0.0).to(COMPUTE) * s1
                 t2 += tl.load(wp + 2 * KK * C, mask=cmask, other=0.0).to(COMPUTE) * s2
                 t3 += tl.load(wp + 3 * KK * C, mask=cmask, other=0.0).to(COMPUTE) * s3
         if HAS_ACC:
-            amask = cmask & (m < Hc) & (n < Wc)
-            aoff = bidx * a_b + m.to(tl.int64) * a_h + n.to(tl.int64) * a_w + cc
-            t0 += tl.load(acc_ptr + aoff, mask=amask, other=0.0).to(COMPUTE)
+            hc = (Hs + 1) // 2
+            wc = (Ws + 1) // 2
+            aoff = bidx * hc * wc * C + (m.to(tl.int64) * wc + n) * C + cc
+            t0 += tl.load(acc_ptr + aoff, mask=cmask & (m < hc) & (n < wc), other=0.0).to(COMPUTE)
         pp = t0 + t1
         qq = t0 - t1
         rr = t2 + t3
@@ -171,27 +190,30 @@ def _level_fwd_kernel(
             h0 = 2 * m + (ky - PAD)
             mh0 = cmask & (h0 >= 0) & (h0 < Hs)
             mh1 = cmask & (h0 + 1 >= 0) & (h0 + 1 < Hs)
+            p0 = origin + (ky - PAD) * row
+            p1 = p0 + row
+            if FLIP:
+                w_row = bw_ptr + ((K - 1 - ky) * K) * C + cc
+            else:
+                w_row = bw_ptr + (ky * K) * C + cc
             # Columns 2n + q + kx - PAD for q in {0, 1}, kx in [0, K): K + 1 distinct columns, each loaded once.
             for j in tl.static_range(K + 1):
-                wc = 2 * n + (j - PAD)
-                mw = (wc >= 0) & (wc < Ws)
-                p0 = src + (h0.to(tl.int64) * s_h + wc.to(tl.int64) * s_w) + cc
-                v0 = tl.load(p0, mask=mh0 & mw, other=0.0).to(COMPUTE)
-                v1 = tl.load(p0 + s_h, mask=mh1 & mw, other=0.0).to(COMPUTE)
+                wc_ = 2 * n + (j - PAD)
+                mw = (wc_ >= 0) & (wc_ < Ws)
+                v0 = tl.load(p0 + (j - PAD) * C, mask=mh0 & mw, other=0.0).to(COMPUTE)
+                v1 = tl.load(p1 + (j - PAD) * C, mask=mh1 & mw, other=0.0).to(COMPUTE)
                 if j < K:  # phase q = 0 uses kx = j
                     if FLIP:
-                        tap0 = (K - 1 - ky) * K + (K - 1 - j)
+                        wq0 = tl.load(w_row + (K - 1 - j) * C, mask=cmask, other=0.0).to(COMPUTE)
                     else:
-                        tap0 = ky * K + j
-                    wq0 = tl.load(bw_ptr + tap0 * C + cc, mask=cmask, other=0.0).to(COMPUTE)
+                        wq0 = tl.load(w_row + j * C, mask=cmask, other=0.0).to(COMPUTE)
                     y00 += wq0 * v0
                     y10 += wq0 * v1
                 if j >= 1:  # phase q = 1 uses kx = j - 1
                     if FLIP:
-                        tap1 = (K - 1 - ky) * K + (K - j)
+                        wq1 = tl.load(w_row + (K - j) * C, mask=cmask, other=0.0).to(COMPUTE)
                     else:
-                        tap1 = ky * K + (j - 1)
-                    wq1 = tl.load(bw_ptr + tap1 * C + cc, mask=cmask, other=0.0).to(COMPUTE)
+                        wq1 = tl.load(w_row + (j - 1) * C, mask=cmask, other=0.0).to(COMPUTE)
                     y01 += wq1 * v0
                     y11 += wq1 * v1
         if HAS_BIAS:
@@ -200,27 +222,27 @@ def _level_fwd_kernel(
             y01 += bias
             y10 += bias
             y11 += bias
-        out = out_ptr + bidx * o_b
-        _store_phase(out, cc, cmask, 2 * m, 2 * n, Hs, Ws, o_h, o_w, y00, STRIDE)
-        _store_phase(out, cc, cmask, 2 * m, 2 * n + 1, Hs, Ws, o_h, o_w, y01, STRIDE)
-        _store_phase(out, cc, cmask, 2 * m + 1, 2 * n, Hs, Ws, o_h, o_w, y10, STRIDE)
-        _store_phase(out, cc, cmask, 2 * m + 1, 2 * n + 1, Hs, Ws, o_h, o_w, y11, STRIDE)
+        ho = (Hs + STRIDE - 1) // STRIDE
+        out = out_ptr + bidx * ho * ((Ws + STRIDE - 1) // STRIDE) * C
+        _store_phase(out, cc, cmask, 2 * m, 2 * n, Hs, Ws, y00, C, STRIDE)
+        _store_phase(out, cc, cmask, 2 * m, 2 * n + 1, Hs, Ws, y01, C, STRIDE)
+        _store_phase(out, cc, cmask, 2 * m + 1, 2 * n, Hs, Ws, y10, C, STRIDE)
+        _store_phase(out, cc, cmask, 2 * m + 1, 2 * n + 1, Hs, Ws, y11, C, STRIDE)
     else:
-        out = out_ptr + bidx * o_b
-        _store_phase(out, cc, cmask, 2 * m, 2 * n, Hs, Ws, o_h, o_w, y00, 1)
-        _store_phase(out, cc, cmask, 2 * m, 2 * n + 1, Hs, Ws, o_h, o_w, y01, 1)
-        _store_phase(out, cc, cmask, 2 * m + 1, 2 * n, Hs, Ws, o_h, o_w, y10, 1)
-        _store_phase(out, cc, cmask, 2 * m + 1, 2 * n + 1, Hs, Ws, o_h, o_w, y11, 1)
+        out = out_ptr + bidx * Hs * row
+        _store_phase(out, cc, cmask, 2 * m, 2 * n, Hs, Ws, y00, C, 1)
+        _store_phase(out, cc, cmask, 2 * m, 2 * n + 1, Hs, Ws, y01, C, 1)
+        _store_phase(out, cc, cmask, 2 * m + 1, 2 * n, Hs, Ws, y10, C, 1)
+        _store_phase(out, cc, cmask, 2 * m + 1, 2 * n + 1, Hs, Ws, y11, C, 1)
 
 
 @triton.jit
 def _wgrad_kernel(
-    xs_ptr,  # (B, Hs, Ws, C): LL_{i-1} of x (x itself for the base)
-    gs_ptr,  # (B, Hs, Ws, C): LL_{i-1} of dy (dy itself for the base)
+    xs_ptr,  # (B, Hs, Ws, C) dense channels-last: LL_{i-1} of x (x itself for the base)
+    gs_ptr,  # (B, Hs, Ws, C) dense channels-last: LL_{i-1} of dy (dy itself for the base)
     part_ptr,  # (CHUNKS, NSUB, TP, C) fp32 (fp64 for fp64 inputs): this program's partial correlations
-    C, Hs, Ws, Hm, Wm, NPOS, CHUNK,  # Hm x Wm: the map the positions run over (coarse for a level, fine for base)
-    xs_b, xs_h, xs_w, gs_b, gs_h, gs_w,
-    K: tl.constexpr, TP: tl.constexpr, BASE: tl.constexpr,
+    Hs, Ws, NPOS, CHUNK,
+    C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, BASE: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
 ):
     """Correlations ``sum_q u_s[q + (ky - P, kx - P)] * g_s[q]`` over this program's CHUNK positions q.
@@ -228,19 +250,27 @@ def _wgrad_kernel(
     Level (BASE false): u, g are the four Haar subbands of LL_{i-1} of x and dy at coarse positions. Base: u = x,
     g = dy at full resolution (one "subband"). All K*K taps are one tensor axis (padded to TP), so dy's butterfly
     is computed once per position for every tap, and the accumulators stay elementwise until one reduction over
-    the positions at the end.
+    the positions at the end. Each tap is a fixed offset from the position's pixel, computed once per program.
     """
     PAD: tl.constexpr = K // 2
     NSUB: tl.constexpr = 1 if BASE else 4
+    F: tl.constexpr = 1 if BASE else 2  # pixels per position step along each axis
     chunk = tl.program_id(0)
     cb = tl.program_id(1)
     t = tl.arange(0, TP)[:, None, None]  # (TP, 1, 1) taps, row-major over (ky, kx)
-    tmask = t < K * K
     oy = t // K - PAD
     ox = t % K - PAD
     cc = cb * BLOCK_C + tl.arange(0, BLOCK_C)[None, None, :]  # (1, 1, C)
-    cmask = cc < C
-    hw = Hm * Wm
+    if C % BLOCK_C == 0:
+        cmask = tl.full((1, 1, BLOCK_C), 1, tl.int1)
+    else:
+        cmask = cc < C
+    tmask = cmask & (t < K * K)
+    row = Ws * C  # int32: offsets built from it are widened where they can pass 2^31
+    hm = (Hs + F - 1) // F
+    wm = (Ws + F - 1) // F
+    hw = hm * wm
+    tap_off = (F * oy) * row + (F * ox) * C + cc  # (TP, 1, C), loop-invariant
     a0 = tl.zeros((TP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
     if not BASE:
         a1 = tl.zeros((TP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
@@ -252,22 +282,30 @@ def _wgrad_kernel(
         qmask = q < NPOS
         bidx = q // hw
         rem = (q - bidx * hw).to(tl.int32)
-        m = rem // Wm
-        n = rem - m * Wm
-        xb = xs_ptr + bidx * xs_b
-        gb = gs_ptr + bidx * gs_b
+        m = rem // wm
+        n = rem - m * wm
+        pos = bidx * Hs * row + ((F * m).to(tl.int64) * row + (F * n) * C)  # (1, S, 1) the position's pixel
         mm = m + oy  # (TP, S, 1)
         nn = n + ox
         if BASE:
-            g0 = tl.load(gb + (m.to(tl.int64) * gs_h + n.to(tl.int64) * gs_w) + cc, mask=cmask & qmask,
-                         other=0.0).to(COMPUTE)
-            inside = qmask & tmask & (mm >= 0) & (mm < Hs) & (nn >= 0) & (nn < Ws)
-            u0 = tl.load(xb + (mm.to(tl.int64) * xs_h + nn.to(tl.int64) * xs_w) + cc, mask=cmask & inside,
-                         other=0.0).to(COMPUTE)
+            g0 = tl.load(gs_ptr + pos + cc, mask=cmask & qmask, other=0.0).to(COMPUTE)
+            inside = qmask & (mm >= 0) & (mm < Hs) & (nn >= 0) & (nn < Ws)
+            u0 = tl.load(xs_ptr + pos + tap_off, mask=tmask & inside, other=0.0).to(COMPUTE)
             a0 += u0 * g0
         else:
-            g0, g1, g2, g3 = _butterfly_at(gb, cc, cmask & qmask, m, n, Hs, Ws, gs_h, gs_w, COMPUTE)
-            u0, u1, u2, u3 = _butterfly_at(xb, cc, cmask & qmask & tmask, mm, nn, Hs, Ws, xs_h, xs_w, COMPUTE)
+            gm = cmask & qmask
+            gbot = gm & (2 * m + 1 < Hs)
+            gright = 2 * n + 1 < Ws
+            gp = gs_ptr + pos + cc
+            g0, g1, g2, g3 = _butterfly(gp, gp + row, gm, gm & gright, gbot, gbot & gright, C, COMPUTE)
+            r0 = 2 * mm
+            c0 = 2 * nn
+            top = tmask & qmask & (r0 >= 0) & (r0 < Hs)
+            bot = tmask & qmask & (r0 >= 0) & (r0 + 1 < Hs)
+            left = (c0 >= 0) & (c0 < Ws)
+            right = (c0 >= 0) & (c0 + 1 < Ws)
+            xp = xs_ptr + pos + tap_off
+            u0, u1, u2, u3 = _butterfly(xp, xp + row, top & left, top & right, bot & left, bot & right, C, COMPUTE)
             a0 += u0 * g0
             a1 += u1 * g1
             a2 += u2 * g2
@@ -275,15 +313,15 @@ def _wgrad_kernel(
     # One reduction over the positions at the end; rows of the partial buffer are (chunk, subband, tap).
     t2 = tl.arange(0, TP)[:, None]
     c2 = cb * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
-    row = part_ptr + (chunk.to(tl.int64) * NSUB * TP + t2) * C + c2  # (TP, C); the mask broadcasts over taps
+    dst = part_ptr + (chunk.to(tl.int64) * NSUB * TP + t2) * C + c2  # (TP, C); the mask broadcasts over taps
     if BASE:
-        tl.store(row, tl.sum(a0, 1).to(part_ptr.dtype.element_ty), mask=c2 < C)
+        tl.store(dst, tl.sum(a0, 1).to(part_ptr.dtype.element_ty), mask=c2 < C)
     else:
         # Both butterflies carry twice the subbands: the exact factor 1/4 once here, not two multiplies per tap.
-        tl.store(row, (tl.sum(a0, 1) * 0.25).to(part_ptr.dtype.element_ty), mask=c2 < C)
-        tl.store(row + TP * C, (tl.sum(a1, 1) * 0.25).to(part_ptr.dtype.element_ty), mask=c2 < C)
-        tl.store(row + 2 * TP * C, (tl.sum(a2, 1) * 0.25).to(part_ptr.dtype.element_ty), mask=c2 < C)
-        tl.store(row + 3 * TP * C, (tl.sum(a3, 1) * 0.25).to(part_ptr.dtype.element_ty), mask=c2 < C)
+        tl.store(dst, (tl.sum(a0, 1) * 0.25).to(part_ptr.dtype.element_ty), mask=c2 < C)
+        tl.store(dst + TP * C, (tl.sum(a1, 1) * 0.25).to(part_ptr.dtype.element_ty), mask=c2 < C)
+        tl.store(dst + 2 * TP * C, (tl.sum(a2, 1) * 0.25).to(part_ptr.dtype.element_ty), mask=c2 < C)
+        tl.store(dst + 3 * TP * C, (tl.sum(a3, 1) * 0.25).to(part_ptr.dtype.element_ty), mask=c2 < C)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -349,10 +387,12 @@ def _empty_cl(shape: tuple[int, int, int, int], like: Tensor, dtype: torch.dtype
 
 
 def _check_cl(*tensors: Tensor) -> None:
+    # The kernels derive every stride from the shape (channel count a compile-time constant).
     for t in tensors:
-        if t.stride(1) != 1 and t.shape[1] > 1:
+        if not t.is_contiguous(memory_format=torch.channels_last):
             raise ValueError(
-                f"fused WTConv kernels need channels-last tensors (channel stride 1), got strides {t.stride()}"
+                f"fused WTConv kernels need dense channels-last tensors, got shape {tuple(t.shape)} and strides "
+                f"{t.stride()}"
             )
 
 
@@ -381,9 +421,8 @@ def ll_pyramid(x: Tensor, levels: int) -> list[Tensor]:
         bm, bn, tiles_n, tiles = _pos_tiles(hc, wc, 16)
         bc = _block_c(ch, 64)
         _ll_kernel[(bsz * tiles, _cdiv(ch, bc))](
-            src, out, ch, hs, ws, hc, wc, tiles_n, tiles,
-            src.stride(0), src.stride(2), src.stride(3), out.stride(0), out.stride(2), out.stride(3),
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=_compute_dtype(x.dtype), num_warps=4,
+            src, out, hs, ws, tiles_n, tiles,
+            C=ch, BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=_compute_dtype(x.dtype), num_warps=4,
         )
         pyr.append(out)
     return pyr
@@ -433,10 +472,8 @@ def wtconv_forward(
         aux = acc if acc is not None else dst
         _level_fwd_kernel[(bsz * tiles, _cdiv(ch, bc))](
             src, aux, dst, level_w[i - 1] if levels else base_w, base_w, base_b if base_b is not None else base_w,
-            ch, hs, ws, hc, wc, tiles_n, tiles,
-            src.stride(0), src.stride(2), src.stride(3), aux.stride(0), aux.stride(2), aux.stride(3),
-            dst.stride(0), dst.stride(2), dst.stride(3),
-            K=k, STRIDE=stride if last else 1,
+            hs, ws, tiles_n, tiles,
+            C=ch, K=k, STRIDE=stride if last else 1,
             HAS_LEVEL=levels > 0, HAS_ACC=acc is not None, IS_LAST=last, HAS_BIAS=base_b is not None, FLIP=flip,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=compute, num_warps=TUNING["fwd_warps"],
         )
@@ -461,9 +498,8 @@ def _correlate(xs: Tensor, gs: Tensor, k: int, base: bool) -> Tensor:
     chunks = _cdiv(npos, chunk)
     part = torch.empty((chunks, nsub, tp, ch), device=xs.device, dtype=_acc_dtype(xs.dtype))
     _wgrad_kernel[(chunks, cblocks)](
-        xs, gs, part, ch, hs, ws, hm, wm, npos, chunk,
-        xs.stride(0), xs.stride(2), xs.stride(3), gs.stride(0), gs.stride(2), gs.stride(3),
-        K=k, TP=tp, BASE=base, BLOCK_S=bs, BLOCK_C=bc, COMPUTE=_compute_dtype(xs.dtype),
+        xs, gs, part, hs, ws, npos, chunk,
+        C=ch, K=k, TP=tp, BASE=base, BLOCK_S=bs, BLOCK_C=bc, COMPUTE=_compute_dtype(xs.dtype),
         num_warps=TUNING["wgrad_warps"],
     )
     # Fixed-order sum over the chunks (no atomics).
