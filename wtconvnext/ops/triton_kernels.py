@@ -346,6 +346,7 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 TUNING: dict[str, int] = {
     "fwd_positions": 16, "fwd_block_c": 32, "fwd_warps": 4,
     "wgrad_positions": 1, "wgrad_block_c": 64, "wgrad_warps": 4, "wgrad_programs": 2048,
+    "wgrad_min_chunk": 64,
 }
 
 
@@ -492,8 +493,10 @@ def _correlate(xs: Tensor, gs: Tensor, k: int, base: bool) -> Tensor:
     # Positions per step: as tuned for 5x5 taps (32 lanes), fewer for larger kernels so the tile stays as large.
     bs = max(1, min(TUNING["wgrad_positions"], TUNING["wgrad_positions"] * 32 // tp))
     cblocks = _cdiv(ch, bc)
-    # Enough programs to fill the GPU; the chunk length depends on the shape only (bitwise reproducible).
-    chunks = max(1, min(_cdiv(npos, bs), TUNING["wgrad_programs"] // cblocks))
+    # Enough programs to fill the GPU, but each with at least wgrad_min_chunk positions: a program's partial
+    # (NSUB x TP x channels, fp32) costs memory and traffic, which on small maps outweighs its input. The chunk
+    # length depends on the shape only (bitwise reproducible).
+    chunks = max(1, min(_cdiv(npos, max(bs, TUNING["wgrad_min_chunk"])), TUNING["wgrad_programs"] // cblocks))
     chunk = _cdiv(_cdiv(npos, chunks), bs) * bs
     chunks = _cdiv(npos, chunk)
     part = torch.empty((chunks, nsub, tp, ch), device=xs.device, dtype=_acc_dtype(xs.dtype))
