@@ -342,11 +342,12 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 # H200 sweep (bf16, WTConvNeXt-T stage shapes; results/h200/tune_v2_bf16.json): 16 positions x 32 channels with
 # 4 warps was the fastest forward on stages 1-3 (stage 4: 0.233 vs 0.193 ms with 64 channels). Weight gradients
 # (all taps on one axis): 1 position x 64 channels was the fastest of 14 shapes on every stage, bf16 and fp32
-# (results/h200/wgrad_taps_v3.txt).
+# (results/h200/wgrad_taps_v3.txt); 1024 programs of at least 16 positions the fastest bf16 total of 8 splits, with
+# 32 MB of partials at most instead of 144 MB for 2048 programs (results/h200/wgrad_chunks_v4.txt).
 TUNING: dict[str, int] = {
     "fwd_positions": 16, "fwd_block_c": 32, "fwd_warps": 4,
-    "wgrad_positions": 1, "wgrad_block_c": 64, "wgrad_warps": 4, "wgrad_programs": 2048,
-    "wgrad_min_chunk": 64,
+    "wgrad_positions": 1, "wgrad_block_c": 64, "wgrad_warps": 4, "wgrad_programs": 1024,
+    "wgrad_min_chunk": 16,
 }
 
 
