@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["ll_pyramid", "wtconv_forward", "wtconv_weight_grads", "TUNING"]
+__all__ = ["ll_level", "ll_pyramid", "folded_weights", "wtconv_forward", "wtconv_weight_grads", "TUNING"]
 
 
 @triton.jit
@@ -345,8 +345,8 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 # (results/h200/wgrad_taps_v3.txt); 1024 programs of at least 16 positions the fastest bf16 total of 8 splits, with
 # 32 MB of partials at most instead of 144 MB for 2048 programs (results/h200/wgrad_chunks_v4.txt).
 TUNING: dict[str, int] = {
-    "fwd_positions": 16, "fwd_block_c": 32, "fwd_warps": 4,
-    "wgrad_positions": 1, "wgrad_block_c": 64, "wgrad_warps": 4, "wgrad_programs": 1024,
+    "fwd_positions": 16, "fwd_block_c": 32, "fwd_warps": 4, "fwd_stages": 3,
+    "wgrad_positions": 1, "wgrad_block_c": 64, "wgrad_warps": 4, "wgrad_stages": 3, "wgrad_programs": 1024,
     "wgrad_min_chunk": 16,
 }
 
@@ -410,23 +410,27 @@ def _block_c(ch: int, cap: int) -> int:
     return min(_pow2(ch), cap)
 
 
+def ll_level(src: Tensor) -> Tensor:
+    """One pyramid step: the low-pass of ``src`` at half its resolution (channels-last, compute dtype)."""
+    _check_cl(src)
+    bsz, ch, hs, ws = src.shape
+    hc, wc = (hs + 1) // 2, (ws + 1) // 2
+    out = _empty_cl((bsz, ch, hc, wc), src, _acc_dtype(src.dtype))
+    bm, bn, tiles_n, tiles = _pos_tiles(hc, wc, 16)
+    bc = _block_c(ch, 64)
+    _ll_kernel[(bsz * tiles, _cdiv(ch, bc))](
+        src, out, hs, ws, tiles_n, tiles,
+        C=ch, BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=_compute_dtype(src.dtype), num_warps=4,
+    )
+    return out
+
+
 def ll_pyramid(x: Tensor, levels: int) -> list[Tensor]:
     """[LL_0 = x, LL_1, ..., LL_{levels-1}]: the low-pass inputs of every level (channels-last, compute dtype)."""
     _check_cl(x)
     pyr = [x]
-    bsz, ch = x.shape[:2]
     for _ in range(1, levels):
-        src = pyr[-1]
-        hs, ws = src.shape[-2:]
-        hc, wc = (hs + 1) // 2, (ws + 1) // 2
-        out = _empty_cl((bsz, ch, hc, wc), x, _acc_dtype(x.dtype))
-        bm, bn, tiles_n, tiles = _pos_tiles(hc, wc, 16)
-        bc = _block_c(ch, 64)
-        _ll_kernel[(bsz * tiles, _cdiv(ch, bc))](
-            src, out, hs, ws, tiles_n, tiles,
-            C=ch, BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=_compute_dtype(x.dtype), num_warps=4,
-        )
-        pyr.append(out)
+        pyr.append(ll_level(pyr[-1]))
     return pyr
 
 
@@ -478,6 +482,7 @@ def wtconv_forward(
             C=ch, K=k, STRIDE=stride if last else 1,
             HAS_LEVEL=levels > 0, HAS_ACC=acc is not None, IS_LAST=last, HAS_BIAS=base_b is not None, FLIP=flip,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=compute, num_warps=TUNING["fwd_warps"],
+            num_stages=TUNING["fwd_stages"],
         )
         acc = dst
     return out
@@ -504,26 +509,34 @@ def _correlate(xs: Tensor, gs: Tensor, k: int, base: bool) -> Tensor:
     _wgrad_kernel[(chunks, cblocks)](
         xs, gs, part, hs, ws, npos, chunk,
         C=ch, K=k, TP=tp, BASE=base, BLOCK_S=bs, BLOCK_C=bc, COMPUTE=_compute_dtype(xs.dtype),
-        num_warps=TUNING["wgrad_warps"],
+        num_warps=TUNING["wgrad_warps"], num_stages=TUNING["wgrad_stages"],
     )
     # Fixed-order sum over the chunks (no atomics).
     return part.sum(0)[:, : k * k].view(nsub, k, k, ch)
 
 
-def wtconv_weight_grads(xpyr: list[Tensor], gpyr: list[Tensor], k: int, levels: int) -> tuple[Tensor, Tensor]:
-    """Raw correlations for the weight gradients (w.r.t. the folded weights).
+def wtconv_weight_grads(x: Tensor, gpyr: list[Tensor], k: int, levels: int) -> tuple[Tensor, Tensor]:
+    """Raw correlations for the weight gradients (w.r.t. the folded weights), from x and the pyramid of dy.
+
+    x's pyramid is streamed: each level is built just before its correlation and released after it, so at most
+    two of its levels exist at a time (the backward's peak memory).
 
     Returns:
         level_corr: (L, C, 4, K, K) fp32 (fp64 for fp64 inputs), ``sum c_i^s[m + ky - P, n + kx - P] * g_i^s[m, n]``
             over batch and map (c, g: Haar subbands of LL_{i-1} of x and of dy).
         base_corr: (C, K, K), the same for x and dy at full resolution.
     """
-    _check_cl(*xpyr, *gpyr)
-    base_corr = _correlate(xpyr[0], gpyr[0], k, base=True)[0].permute(2, 0, 1)
-    ch = xpyr[0].shape[1]
+    _check_cl(x, *gpyr)
+    base_corr = _correlate(x, gpyr[0], k, base=True)[0].permute(2, 0, 1)
+    ch = x.shape[1]
     if levels > 0:
-        level_corr = torch.stack([_correlate(xpyr[i], gpyr[i], k, base=False) for i in range(levels)])
-        level_corr = level_corr.permute(0, 4, 1, 2, 3)
+        corrs = []
+        xs = x
+        for i in range(levels):
+            if i > 0:
+                xs = ll_level(xs)  # LL_i of x; LL_{i-1} is released here
+            corrs.append(_correlate(xs, gpyr[i], k, base=False))
+        level_corr = torch.stack(corrs).permute(0, 4, 1, 2, 3)
     else:
-        level_corr = torch.zeros((0, ch, 4, k, k), device=xpyr[0].device, dtype=base_corr.dtype)
+        level_corr = torch.zeros((0, ch, 4, k, k), device=x.device, dtype=base_corr.dtype)
     return level_corr, base_corr
