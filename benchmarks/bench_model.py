@@ -126,25 +126,21 @@ def main(argv=None) -> int:
     torch.backends.cudnn.allow_tf32 = True
     rows = []
 
-    def train(compile_: bool) -> None:
-        for amp in (True, False):
-            if compile_ and args.compile_amp_only and not amp:
-                continue
-            for name in MODELS:
-                r = _train_case(name, amp, compile_, args.batch, args.warmup, args.iters)
-                rows.append(dict(model=name, task="train", amp=amp, compile=compile_, batch=args.batch, **r))
-                print(f"  {rows[-1]}", flush=True)
+    def run(task: str, amp: bool, compile_: bool) -> None:
+        case, batch = (_train_case, args.batch) if task == "train" else (_infer_case, args.infer_batch)
+        for name in MODELS:
+            r = case(name, amp, compile_, batch, args.warmup, args.iters)
+            rows.append(dict(model=name, task=task, amp=amp, compile=compile_, batch=batch, **r))
+            print(f"  {rows[-1]}", flush=True)
 
     # Eager first, compiled (slow to build) last, so a time-limited run keeps the eager figures.
     if not args.compiled_only:
-        train(False)
-        for amp in (True, False):
-            for name in MODELS:
-                r = _infer_case(name, amp, False, args.infer_batch, args.warmup, args.iters)
-                rows.append(dict(model=name, task="infer", amp=amp, compile=False, batch=args.infer_batch, **r))
-                print(f"  {rows[-1]}", flush=True)
+        for task in ("train", "infer"):
+            for amp in (True, False):
+                run(task, amp, False)
     if not args.no_compile:
-        train(True)
+        for amp in (True,) if args.compile_amp_only else (True, False):
+            run("train", amp, True)
 
     by = {(r["model"], r["task"], r["amp"], r["compile"]): r for r in rows}
     for r in rows:
