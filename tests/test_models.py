@@ -325,6 +325,23 @@ def test_features_only_real_and_output_stride() -> None:
         timm.create_model("test_wtconvnext", output_stride=4)
 
 
+def test_features_fx_matches_hooks() -> None:
+    """timm's FX feature extraction traces the model with WTConv2d as a leaf and returns the same maps."""
+    x = torch.randn(2, 3, 64, 64)
+    torch.manual_seed(0)
+    fx = timm.create_model("test_wtconvnext", features_only=True, feature_cls="fx").eval()
+    torch.manual_seed(0)
+    hooks = timm.create_model("test_wtconvnext", features_only=True).eval()
+    assert type(fx).__name__ == "FeatureGraphNet"
+    leaves = [n for n in fx.graph_module.graph.nodes if n.op == "call_module" and n.target.endswith("conv_dw")]
+    assert len(leaves) == sum(len(s.blocks) for s in timm.create_model("test_wtconvnext").stages)
+    with torch.no_grad():
+        a, b = fx(x), hooks(x)
+    assert len(a) == len(b) == 4
+    for p, q in zip(a, b):
+        torch.testing.assert_close(p, q)
+
+
 def test_forward_intermediates_options() -> None:
     model = timm.create_model("test_wtconvnext").eval()
     x = torch.randn(2, 3, 64, 64)

@@ -35,10 +35,21 @@ from timm.layers import (
     to_ntuple,
     trunc_normal_,
 )
-from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_cfgs, named_apply, register_model
+from timm.models import (
+    build_model_with_cfg,
+    checkpoint_seq,
+    generate_default_cfgs,
+    named_apply,
+    register_model,
+    register_notrace_module,
+)
 from timm.models._features import feature_take_indices
 
 from ..layers import REFERENCE_ONLY_KEYS, WTConv2d, remap_reference_state_dict
+
+# torch.fx cannot trace the layer's shape-dependent padding nor the fused op's launch logic: keep it a leaf, so timm's
+# FX feature extraction (features_only=True, feature_cls="fx") and torchvision's create_feature_extractor work.
+register_notrace_module(WTConv2d)
 
 __all__ = ["WTConvNeXt", "WTConvNeXtBlock", "WTConvNeXtStage", "checkpoint_filter_fn", "unwrap_checkpoint"]
 
