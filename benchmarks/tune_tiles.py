@@ -5,8 +5,10 @@
 Times the forward (pyramid + level kernels) and the weight gradients (kernels + the streamed pyramid of x)
 separately at each WTConvNeXt-T stage shape for every configuration, prints the best per shape, and writes to
 ``--best-out`` the configuration with the least total time over the shapes (forward and weight-gradient chosen
-independently). Use it with ``WTCONVNEXT_TUNING=<best-out>`` or copy it into ``TUNING`` in
-``wtconvnext/ops/triton_kernels.py``; fixed shapes keep the weight gradients bitwise reproducible.
+independently; with ``--mem-slack F``, the least peak memory among those within F of the fastest). Use it with
+``WTCONVNEXT_TUNING=<best-out>`` or copy it into ``TUNING`` in ``wtconvnext/ops/triton_kernels.py``; fixed shapes
+keep the weight gradients bitwise reproducible. Every knob of ``KNOBS`` has its own option, e.g. the
+weight-gradient split: ``--wgrad-programs 1024 2048 --wgrad-min-chunk 1 16 64 256 --mem-slack 0.03``.
 """
 
 from __future__ import annotations
@@ -20,9 +22,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_layer import DTYPES, SHAPES, _bench  # noqa: E402
+from benchmarks.bench_layer import DTYPES, SHAPES, _bench, _peak_mb  # noqa: E402
 from benchmarks.common import gpu_env, write_json  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
+
+
+# The launch-shape knobs of each kernel family (TUNING keys are "<kernel>_<knob>") and the values swept by default.
+KNOBS: dict[str, dict[str, list[int]]] = {
+    "fwd": {"positions": [16, 32, 64], "block_c": [32, 64], "warps": [4, 8], "stages": [3]},
+    "wgrad": {"positions": [1, 2], "block_c": [32, 64, 128], "warps": [4, 8], "stages": [3],
+              "programs": [tk.TUNING["wgrad_programs"]], "min_chunk": [tk.TUNING["wgrad_min_chunk"]]},
+}
 
 
 def main(argv=None) -> int:
@@ -30,14 +40,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="results/tune.json")
     ap.add_argument("--best-out", default=None, help="write the best configuration here (JSON for WTCONVNEXT_TUNING)")
     ap.add_argument("--dtypes", nargs="+", default=["bf16"])
-    ap.add_argument("--fwd-positions", type=int, nargs="+", default=[16, 32, 64])
-    ap.add_argument("--fwd-block-c", type=int, nargs="+", default=[32, 64])
-    ap.add_argument("--fwd-warps", type=int, nargs="+", default=[4, 8])
-    ap.add_argument("--fwd-stages", type=int, nargs="+", default=[3], help="software-pipelining depth (num_stages)")
-    ap.add_argument("--wgrad-positions", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--wgrad-block-c", type=int, nargs="+", default=[32, 64, 128])
-    ap.add_argument("--wgrad-warps", type=int, nargs="+", default=[4, 8])
-    ap.add_argument("--wgrad-stages", type=int, nargs="+", default=[3])
+    ap.add_argument("--mem-slack", type=float, default=0.0,
+                    help="pick the least peak memory among configurations within this fraction of the fastest")
+    for kern, knobs in KNOBS.items():
+        for knob, values in knobs.items():
+            ap.add_argument(f"--{kern}-{knob.replace('_', '-')}", type=int, nargs="+", default=values)
     args = ap.parse_args(argv)
     default = dict(tk.TUNING)
     rows = []
@@ -60,39 +67,39 @@ def main(argv=None) -> int:
             def wgrad():
                 tk.wtconv_weight_grads(x, gpyr, k, levels)
 
-            sweeps = (("fwd", fwd, (args.fwd_positions, args.fwd_block_c, args.fwd_warps, args.fwd_stages)),
-                      ("wgrad", wgrad, (args.wgrad_positions, args.wgrad_block_c, args.wgrad_warps,
-                                        args.wgrad_stages)))
-            for kern, fn, space in sweeps:
-                for pos, bc, warps, stages in itertools.product(*space):
-                    tk.TUNING.update({f"{kern}_positions": pos, f"{kern}_block_c": bc, f"{kern}_warps": warps,
-                                      f"{kern}_stages": stages})
+            for kern, fn in (("fwd", fwd), ("wgrad", wgrad)):
+                names = list(KNOBS[kern])
+                for cfg in itertools.product(*(getattr(args, f"{kern}_{n}") for n in names)):
+                    tk.TUNING.update({f"{kern}_{n}": v for n, v in zip(names, cfg)})
                     fn()  # compile outside the timing
-                    rows.append(dict(kernel=kern, dtype=dname, C=c, H=h, levels=levels, positions=pos, block_c=bc,
-                                     warps=warps, stages=stages, ms=_bench(fn, warmup=5, rep=20)))
+                    rows.append(dict(kernel=kern, dtype=dname, C=c, H=h, levels=levels, **dict(zip(names, cfg)),
+                                     ms=_bench(fn, warmup=5, rep=20), peak_mb=_peak_mb(fn)))
                     print(rows[-1], flush=True)
                 tk.TUNING.update(default)
     best = {}
-    knobs = ("positions", "block_c", "warps", "stages")
     print("\nbest per shape (default in brackets):")
-    for kern in ("fwd", "wgrad"):
+    for kern, knobs in KNOBS.items():
+        names = list(knobs)
         sel = [r for r in rows if r["kernel"] == kern]
-        dflt = tuple(default[f"{kern}_{n}"] for n in knobs)
+        dflt = tuple(default[f"{kern}_{n}"] for n in names)
         for key in sorted({(r["dtype"], r["C"]) for r in sel}):
             cand = [r for r in sel if (r["dtype"], r["C"]) == key]
             b = min(cand, key=lambda r: r["ms"])
-            d = [r for r in cand if tuple(r[n] for n in knobs) == dflt]
+            d = [r for r in cand if tuple(r[n] for n in names) == dflt]
             dms = f"{d[0]['ms']:.3f}" if d else "n/a"
-            print(f"  {kern:5} {key}: {b['ms']:.3f} ms @ " + " ".join(f"{n}={b[n]}" for n in knobs) + f" [{dms}]")
-        # The configuration with the least total time over all shapes and dtypes.
-        totals: dict[tuple[int, ...], float] = {}
+            print(f"  {kern:5} {key}: {b['ms']:.3f} ms @ " + " ".join(f"{n}={b[n]}" for n in names) + f" [{dms}]")
+        # Over all shapes and dtypes: total time, and the largest peak memory of one call.
+        totals: dict[tuple[int, ...], list[float]] = {}
         for r in sel:
-            cfg = tuple(r[n] for n in knobs)
-            totals[cfg] = totals.get(cfg, 0.0) + r["ms"]
-        cfg = min(totals, key=totals.get)
-        best.update({f"{kern}_{n}": v for n, v in zip(knobs, cfg)})
-        print(f"  {kern:5} best overall: " + " ".join(f"{n}={v}" for n, v in zip(knobs, cfg))
-              + f", total {totals[cfg]:.3f} ms")
+            t = totals.setdefault(tuple(r[n] for n in names), [0.0, 0.0])
+            t[0] += r["ms"]
+            t[1] = max(t[1], r["peak_mb"])
+        fastest = min(t[0] for t in totals.values())
+        cfg = min((c for c, t in totals.items() if t[0] <= fastest * (1 + args.mem_slack)),
+                  key=lambda c: (totals[c][1], totals[c][0]))
+        best.update({f"{kern}_{n}": v for n, v in zip(names, cfg)})
+        print(f"  {kern:5} best overall: " + " ".join(f"{n}={v}" for n, v in zip(names, cfg))
+              + f", total {totals[cfg][0]:.3f} ms, peak {totals[cfg][1]:.1f} MB")
     write_json(args.out, dict(env=gpu_env(), rows=rows, best=best, default=default))
     if args.best_out:
         write_json(args.best_out, best)
