@@ -1,0 +1,58 @@
+"""One fused WTConv forward + backward inside cudaProfilerStart/Stop, for Nsight Compute.
+
+    ncu --clock-control none --profile-from-start off --kernel-name regex:"_wgrad_kernel|_level_fwd_kernel" \\
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section InstructionStats \\
+        python benchmarks/ncu_layer.py [--stage 0] [--dtype bf16]
+
+The layer runs three times first (compiles the kernels outside the profiled range). ``--stage`` picks a WTConvNeXt-T
+stage shape of ``bench_layer.SHAPES`` (B=128), channels_last input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_layer import DTYPES, SHAPES  # noqa: E402
+from wtconvnext.ops import wtconv2d  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--stage", type=int, default=0, choices=range(len(SHAPES)))
+    ap.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("ncu_layer.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    b, c, h, w, levels = SHAPES[args.stage]
+    dtype, k = DTYPES[args.dtype], 5
+    x = torch.randn(b, c, h, w, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
+    params = [torch.randn(c, 1, k, k, device="cuda", dtype=dtype) * 0.1, torch.randn(c, device="cuda", dtype=dtype),
+              torch.ones(c, device="cuda", dtype=dtype), torch.randn(levels, c, 4, k, k, device="cuda", dtype=dtype),
+              torch.full((levels, c, 4), 0.1, device="cuda", dtype=dtype)]
+    for p in params:
+        p.requires_grad_()
+
+    def step() -> None:
+        y = wtconv2d(x, *params, stride=1, backend="triton")
+        y.backward(torch.ones_like(y))
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
