@@ -29,8 +29,8 @@ from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 
 # The launch-shape knobs of each kernel family (TUNING keys are "<kernel>_<knob>") and the values swept by default.
 KNOBS: dict[str, dict[str, list[int]]] = {
-    "fwd": {"positions": [16, 32, 64], "block_c": [32, 64], "warps": [4, 8], "stages": [3]},
-    "wgrad": {"positions": [1, 2], "block_c": [32, 64, 128], "warps": [4, 8], "stages": [3],
+    "fwd": {"positions": [16, 32, 64], "block_c": [32, 64], "warps": [4, 8], "stages": [3], "unroll": [1]},
+    "wgrad": {"positions": [1, 2], "block_c": [32, 64, 128], "warps": [4, 8], "stages": [3], "unroll": [1],
               "programs": [tk.TUNING["wgrad_programs"]], "min_chunk": [tk.TUNING["wgrad_min_chunk"]]},
 }
 

@@ -114,6 +114,7 @@ def _level_fwd_kernel(
     HAS_LEVEL: tl.constexpr, HAS_ACC: tl.constexpr, IS_LAST: tl.constexpr, HAS_BIAS: tl.constexpr,
     FLIP: tl.constexpr,  # rotate every kernel by 180 degrees (the input-gradient pass)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
+    ROW_UNROLL: tl.constexpr,  # unroll factor of the kernel-row loops (None: the compiler's choice)
 ):
     """All tensors dense channels-last. The channel count is a compile-time constant, so a column shift of a tap is
     an immediate offset of the load, and the channel mask disappears when the channel blocks tile C exactly."""
@@ -145,7 +146,7 @@ def _level_fwd_kernel(
         t1 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
         t2 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
         t3 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
-        for ky in range(K):
+        for ky in tl.range(0, K, loop_unroll_factor=ROW_UNROLL):
             r0 = 2 * (m + ky - PAD)
             # r0 is even, so r0 + 1 >= 0 exactly when r0 >= 0.
             top = cmask & (r0 >= 0) & (r0 < Hs)
@@ -186,7 +187,7 @@ def _level_fwd_kernel(
 
     if IS_LAST:
         # Base branch at full resolution for the four phases of the tile, accumulated straight into y.
-        for ky in range(K):
+        for ky in tl.range(0, K, loop_unroll_factor=ROW_UNROLL):
             h0 = 2 * m + (ky - PAD)
             mh0 = cmask & (h0 >= 0) & (h0 < Hs)
             mh1 = cmask & (h0 + 1 >= 0) & (h0 + 1 < Hs)
@@ -244,6 +245,7 @@ def _wgrad_kernel(
     Hs, Ws, NPOS, CHUNK,
     C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, BASE: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
+    POS_UNROLL: tl.constexpr,  # unroll factor of the position loop (None: the compiler's choice)
 ):
     """Correlations ``sum_q u_s[q + (ky - P, kx - P)] * g_s[q]`` over this program's CHUNK positions q.
 
@@ -277,7 +279,7 @@ def _wgrad_kernel(
         a2 = tl.zeros((TP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
         a3 = tl.zeros((TP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
     start = chunk.to(tl.int64) * CHUNK
-    for off in range(0, CHUNK, BLOCK_S):
+    for off in tl.range(0, CHUNK, BLOCK_S, loop_unroll_factor=POS_UNROLL):
         q = start + off + tl.arange(0, BLOCK_S)[None, :, None]  # (1, S, 1) flat positions over (b, m, n)
         qmask = q < NPOS
         bidx = q // hw
@@ -339,14 +341,16 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 # Launch shapes (benchmarks/tune_tiles.py sweeps them). Fixed shapes, not an autotuner: the weight-gradient
 # reduction order, hence the bits, must not change from run to run. Override with ``TUNING.update(...)`` or with
 # ``WTCONVNEXT_TUNING=<file.json>`` (what tune_tiles.py writes) for another GPU.
-# H200 sweep (bf16, WTConvNeXt-T stage shapes; results/h200/tune_v2_bf16.json): 16 positions x 32 channels with
-# 4 warps was the fastest forward on stages 1-3 (stage 4: 0.233 vs 0.193 ms with 64 channels). Weight gradients
+# H200 sweeps (bf16, WTConvNeXt-T stage shapes; results/h200/tune_v2_bf16.json, tune_v4_bf16.json): 16 positions x
+# 32 channels with 4 warps was the fastest forward overall, v2 and v4. ``*_stages`` / ``*_unroll`` are Triton's
+# num_stages and loop unroll factor (1: no hint), left at the compiler's defaults until swept. Weight gradients
 # (all taps on one axis): 1 position x 64 channels was the fastest of 14 shapes on every stage, bf16 and fp32
 # (results/h200/wgrad_taps_v3.txt); 1024 programs of at least 16 positions the fastest bf16 total of 8 splits, with
 # 32 MB of partials at most instead of 144 MB for 2048 programs (results/h200/wgrad_chunks_v4.txt).
 TUNING: dict[str, int] = {
-    "fwd_positions": 16, "fwd_block_c": 32, "fwd_warps": 4, "fwd_stages": 3,
-    "wgrad_positions": 1, "wgrad_block_c": 64, "wgrad_warps": 4, "wgrad_stages": 3, "wgrad_programs": 1024,
+    "fwd_positions": 16, "fwd_block_c": 32, "fwd_warps": 4, "fwd_stages": 3, "fwd_unroll": 1,
+    "wgrad_positions": 1, "wgrad_block_c": 64, "wgrad_warps": 4, "wgrad_stages": 3, "wgrad_unroll": 1,
+    "wgrad_programs": 1024,
     "wgrad_min_chunk": 16,
 }
 
@@ -382,6 +386,11 @@ def _cdiv(a: int, b: int) -> int:
 
 def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
+
+
+def _unroll(factor: int) -> Optional[int]:
+    # 1 leaves the loop to the compiler (no unroll hint), as before the knob existed.
+    return factor if factor > 1 else None
 
 
 def _empty_cl(shape: tuple[int, int, int, int], like: Tensor, dtype: torch.dtype) -> Tensor:
@@ -481,8 +490,8 @@ def wtconv_forward(
             hs, ws, tiles_n, tiles,
             C=ch, K=k, STRIDE=stride if last else 1,
             HAS_LEVEL=levels > 0, HAS_ACC=acc is not None, IS_LAST=last, HAS_BIAS=base_b is not None, FLIP=flip,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=compute, num_warps=TUNING["fwd_warps"],
-            num_stages=TUNING["fwd_stages"],
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=compute, ROW_UNROLL=_unroll(TUNING["fwd_unroll"]),
+            num_warps=TUNING["fwd_warps"], num_stages=TUNING["fwd_stages"],
         )
         acc = dst
     return out
@@ -509,6 +518,7 @@ def _correlate(xs: Tensor, gs: Tensor, k: int, base: bool) -> Tensor:
     _wgrad_kernel[(chunks, cblocks)](
         xs, gs, part, hs, ws, npos, chunk,
         C=ch, K=k, TP=tp, BASE=base, BLOCK_S=bs, BLOCK_C=bc, COMPUTE=_compute_dtype(xs.dtype),
+        POS_UNROLL=_unroll(TUNING["wgrad_unroll"]),
         num_warps=TUNING["wgrad_warps"], num_stages=TUNING["wgrad_stages"],
     )
     # Fixed-order sum over the chunks (no atomics).
