@@ -342,6 +342,14 @@ def test_features_fx_matches_hooks() -> None:
         torch.testing.assert_close(p, q)
 
 
+def test_torch_export() -> None:
+    model = timm.create_model("test_wtconvnext").eval()
+    x = torch.randn(2, 3, 64, 64)
+    ep = torch.export.export(model, (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(x), model(x), rtol=0, atol=0)
+
+
 def test_forward_intermediates_options() -> None:
     model = timm.create_model("test_wtconvnext").eval()
     x = torch.randn(2, 3, 64, 64)

@@ -240,6 +240,16 @@ def test_opcheck_and_compile():
         torch.testing.assert_close(a.grad, b)
 
 
+def test_export_keeps_the_op():
+    """torch.export records the fused WTConv as one wtconvnext::wtconv2d node (not the eager autograd.Function)."""
+    layer = WTConv2d(2, 2, 3, wt_levels=2, backend="triton").to(DEVICE)
+    x = torch.randn(1, 2, 9, 6, device=DEVICE)
+    ep = torch.export.export(layer, (x,))
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert targets == ["wtconvnext.wtconv2d.default"]
+    torch.testing.assert_close(ep.module()(x), layer(x), rtol=0, atol=0)
+
+
 def test_model_to_channels_last_keeps_the_function():
     """timm's --channels-last calls model.to(memory_format=channels_last); the 5-D level weights must survive it."""
     import timm
