@@ -8,7 +8,8 @@ kernels), input-gradient pass (the same with rotated kernels, from dy's pyramid)
 included), checks that both give the same results, and prints the speedups. The baseline needs the launcher API of
 ``wtconvnext/ops/triton_kernels.py`` since the channels-last kernels (commit eeb26e7 on); older signatures of the
 rotated pass and of the weight-gradient entry (x's pyramid instead of x) are recognised.
-``--device cpu`` (with ``TRITON_INTERPRET=1``) runs one small shape once, to check the script, not to time it.
+``--check`` runs one small shape once, to check the script, not to time it (with ``--device cpu`` and
+``TRITON_INTERPRET=1`` on a machine without a GPU).
 """
 
 from __future__ import annotations
@@ -79,13 +80,15 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=list(DTYPES))
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--check", action="store_true", help="one small shape, run once: checks the script")
     args = ap.parse_args(argv)
     base = _load(args.baseline)
     on_gpu = args.device == "cuda"
     if on_gpu and not torch.cuda.is_available():
-        print("ab_kernels.py needs a CUDA GPU (or --device cpu with TRITON_INTERPRET=1)", file=sys.stderr)
+        print("ab_kernels.py needs a CUDA GPU (or --check --device cpu with TRITON_INTERPRET=1)", file=sys.stderr)
         return 2
-    shapes = SHAPES if on_gpu else [(2, 8, 9, 10, 2)]
+    timed = on_gpu and not args.check
+    shapes = SHAPES if timed else [(2, 8, 9, 10, 2)]
     k = 5
     rows = []
     print(f"{'dtype':5} {'B,C,H,W,L':18} {'part':6} {'baseline ms':>12} {'current ms':>11} {'speedup':>8} "
@@ -106,7 +109,7 @@ def main(argv=None) -> int:
             for part in ("fwd", "dx", "wgrad"):
                 results = [p[part]() for p in parts]  # also compiles outside the timing
                 diff = _max_rel(results[1], results[0])
-                if on_gpu:
+                if timed:
                     ms = [_bench(p[part]) for p in parts]
                 else:
                     ms = []

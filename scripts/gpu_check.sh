@@ -20,7 +20,7 @@ if [[ "$what" == *tune* ]]; then
   [[ -f "$out/tuned.json" ]] && export WTCONVNEXT_TUNING="$out/tuned.json"
 fi
 if [[ "$what" == *tests* || "$what" == all ]]; then
-  "$py" -m pytest -q -rs tests/test_ops_triton.py tests/gpu 2>&1 | tee "$out/gpu_tests.log" || rc=1
+  "$py" -m pytest -q -rs tests/test_ops_triton.py tests/test_benchmarks.py tests/gpu 2>&1 | tee "$out/gpu_tests.log" || rc=1
 fi
 if [[ "$what" == *layer* || "$what" == all ]]; then
   "$py" benchmarks/bench_layer.py ${LAYER_ARGS:-} --out "$out/layer.json" 2>&1 | tee "$out/bench_layer.txt" || rc=1
