@@ -266,8 +266,7 @@ def test_model_to_channels_last_keeps_the_function():
 
 @pytest.mark.parametrize("tuning", [
     dict(fwd_positions=2, fwd_block_c=2, wgrad_positions=2, wgrad_block_c=2, wgrad_programs=3, wgrad_min_chunk=1),
-    dict(fwd_positions=64, fwd_block_c=4, wgrad_positions=16, wgrad_block_c=8, wgrad_programs=1, wgrad_min_chunk=1,
-         fwd_unroll=2, wgrad_unroll=3, fwd_stages=2, wgrad_stages=1),
+    dict(fwd_positions=64, fwd_block_c=4, wgrad_positions=16, wgrad_block_c=8, wgrad_programs=1, wgrad_min_chunk=1),
 ], ids=["tiny-tiles", "large-tiles"])
 def test_launch_shapes_do_not_change_results(tuning, monkeypatch):
     """Tile edges, channel blocks and weight-gradient chunks that split maps, images and channels unevenly."""

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["ll_level", "ll_pyramid", "folded_weights", "wtconv_forward", "wtconv_weight_grads", "TUNING"]
+__all__ = ["ll_pyramid", "wtconv_forward", "wtconv_weight_grads", "TUNING"]
 
 
 @triton.jit
@@ -114,7 +114,6 @@ def _level_fwd_kernel(
     HAS_LEVEL: tl.constexpr, HAS_ACC: tl.constexpr, IS_LAST: tl.constexpr, HAS_BIAS: tl.constexpr,
     FLIP: tl.constexpr,  # rotate every kernel by 180 degrees (the input-gradient pass)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
-    ROW_UNROLL: tl.constexpr,  # unroll factor of the kernel-row loops (None: the compiler's choice)
 ):
     """All tensors dense channels-last. The channel count is a compile-time constant, so a column shift of a tap is
     an immediate offset of the load, and the channel mask disappears when the channel blocks tile C exactly."""
@@ -146,7 +145,7 @@ def _level_fwd_kernel(
         t1 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
         t2 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
         t3 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
-        for ky in tl.range(0, K, loop_unroll_factor=ROW_UNROLL):
+        for ky in range(K):
             r0 = 2 * (m + ky - PAD)
             # r0 is even, so r0 + 1 >= 0 exactly when r0 >= 0.
             top = cmask & (r0 >= 0) & (r0 < Hs)
@@ -187,7 +186,7 @@ def _level_fwd_kernel(
 
     if IS_LAST:
         # Base branch at full resolution for the four phases of the tile, accumulated straight into y.
-        for ky in tl.range(0, K, loop_unroll_factor=ROW_UNROLL):
+        for ky in range(K):
             h0 = 2 * m + (ky - PAD)
             mh0 = cmask & (h0 >= 0) & (h0 < Hs)
             mh1 = cmask & (h0 + 1 >= 0) & (h0 + 1 < Hs)
@@ -245,7 +244,6 @@ def _wgrad_kernel(
     Hs, Ws, NPOS, CHUNK,
     C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, BASE: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
-    POS_UNROLL: tl.constexpr,  # unroll factor of the position loop (None: the compiler's choice)
 ):
     """Correlations ``sum_q u_s[q + (ky - P, kx - P)] * g_s[q]`` over this program's CHUNK positions q.
 
@@ -279,7 +277,7 @@ def _wgrad_kernel(
         a2 = tl.zeros((TP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
         a3 = tl.zeros((TP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
     start = chunk.to(tl.int64) * CHUNK
-    for off in tl.range(0, CHUNK, BLOCK_S, loop_unroll_factor=POS_UNROLL):
+    for off in range(0, CHUNK, BLOCK_S):
         q = start + off + tl.arange(0, BLOCK_S)[None, :, None]  # (1, S, 1) flat positions over (b, m, n)
         qmask = q < NPOS
         bidx = q // hw
@@ -341,16 +339,14 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 # Launch shapes (benchmarks/tune_tiles.py sweeps them). Fixed shapes, not an autotuner: the weight-gradient
 # reduction order, hence the bits, must not change from run to run. Override with ``TUNING.update(...)`` or with
 # ``WTCONVNEXT_TUNING=<file.json>`` (what tune_tiles.py writes) for another GPU.
-# H200 sweeps (bf16, WTConvNeXt-T stage shapes; results/h200/tune_v2_bf16.json, tune_v4_bf16.json): 16 positions x
-# 32 channels with 4 warps was the fastest forward overall, v2 and v4. ``*_stages`` / ``*_unroll`` are Triton's
-# num_stages and loop unroll factor (1: no hint), left at the compiler's defaults until swept. Weight gradients
+# H200 sweep (bf16, WTConvNeXt-T stage shapes; results/h200/tune_v2_bf16.json): 16 positions x 32 channels with
+# 4 warps was the fastest forward on stages 1-3 (stage 4: 0.233 vs 0.193 ms with 64 channels). Weight gradients
 # (all taps on one axis): 1 position x 64 channels was the fastest of 14 shapes on every stage, bf16 and fp32
 # (results/h200/wgrad_taps_v3.txt); 1024 programs of at least 16 positions the fastest bf16 total of 8 splits, with
 # 32 MB of partials at most instead of 144 MB for 2048 programs (results/h200/wgrad_chunks_v4.txt).
 TUNING: dict[str, int] = {
-    "fwd_positions": 16, "fwd_block_c": 32, "fwd_warps": 4, "fwd_stages": 3, "fwd_unroll": 1,
-    "wgrad_positions": 1, "wgrad_block_c": 64, "wgrad_warps": 4, "wgrad_stages": 3, "wgrad_unroll": 1,
-    "wgrad_programs": 1024,
+    "fwd_positions": 16, "fwd_block_c": 32, "fwd_warps": 4,
+    "wgrad_positions": 1, "wgrad_block_c": 64, "wgrad_warps": 4, "wgrad_programs": 1024,
     "wgrad_min_chunk": 16,
 }
 
@@ -388,11 +384,6 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _unroll(factor: int) -> Optional[int]:
-    # 1 leaves the loop to the compiler (no unroll hint), as before the knob existed.
-    return factor if factor > 1 else None
-
-
 def _empty_cl(shape: tuple[int, int, int, int], like: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.empty(shape, device=like.device, dtype=dtype, memory_format=torch.channels_last)
 
@@ -419,27 +410,23 @@ def _block_c(ch: int, cap: int) -> int:
     return min(_pow2(ch), cap)
 
 
-def ll_level(src: Tensor) -> Tensor:
-    """One pyramid step: the low-pass of ``src`` at half its resolution (channels-last, compute dtype)."""
-    _check_cl(src)
-    bsz, ch, hs, ws = src.shape
-    hc, wc = (hs + 1) // 2, (ws + 1) // 2
-    out = _empty_cl((bsz, ch, hc, wc), src, _acc_dtype(src.dtype))
-    bm, bn, tiles_n, tiles = _pos_tiles(hc, wc, 16)
-    bc = _block_c(ch, 64)
-    _ll_kernel[(bsz * tiles, _cdiv(ch, bc))](
-        src, out, hs, ws, tiles_n, tiles,
-        C=ch, BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=_compute_dtype(src.dtype), num_warps=4,
-    )
-    return out
-
-
 def ll_pyramid(x: Tensor, levels: int) -> list[Tensor]:
     """[LL_0 = x, LL_1, ..., LL_{levels-1}]: the low-pass inputs of every level (channels-last, compute dtype)."""
     _check_cl(x)
     pyr = [x]
+    bsz, ch = x.shape[:2]
     for _ in range(1, levels):
-        pyr.append(ll_level(pyr[-1]))
+        src = pyr[-1]
+        hs, ws = src.shape[-2:]
+        hc, wc = (hs + 1) // 2, (ws + 1) // 2
+        out = _empty_cl((bsz, ch, hc, wc), x, _acc_dtype(x.dtype))
+        bm, bn, tiles_n, tiles = _pos_tiles(hc, wc, 16)
+        bc = _block_c(ch, 64)
+        _ll_kernel[(bsz * tiles, _cdiv(ch, bc))](
+            src, out, hs, ws, tiles_n, tiles,
+            C=ch, BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=_compute_dtype(x.dtype), num_warps=4,
+        )
+        pyr.append(out)
     return pyr
 
 
@@ -490,8 +477,7 @@ def wtconv_forward(
             hs, ws, tiles_n, tiles,
             C=ch, K=k, STRIDE=stride if last else 1,
             HAS_LEVEL=levels > 0, HAS_ACC=acc is not None, IS_LAST=last, HAS_BIAS=base_b is not None, FLIP=flip,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=compute, ROW_UNROLL=_unroll(TUNING["fwd_unroll"]),
-            num_warps=TUNING["fwd_warps"], num_stages=TUNING["fwd_stages"],
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=compute, num_warps=TUNING["fwd_warps"],
         )
         acc = dst
     return out
@@ -518,35 +504,26 @@ def _correlate(xs: Tensor, gs: Tensor, k: int, base: bool) -> Tensor:
     _wgrad_kernel[(chunks, cblocks)](
         xs, gs, part, hs, ws, npos, chunk,
         C=ch, K=k, TP=tp, BASE=base, BLOCK_S=bs, BLOCK_C=bc, COMPUTE=_compute_dtype(xs.dtype),
-        POS_UNROLL=_unroll(TUNING["wgrad_unroll"]),
-        num_warps=TUNING["wgrad_warps"], num_stages=TUNING["wgrad_stages"],
+        num_warps=TUNING["wgrad_warps"],
     )
     # Fixed-order sum over the chunks (no atomics).
     return part.sum(0)[:, : k * k].view(nsub, k, k, ch)
 
 
-def wtconv_weight_grads(x: Tensor, gpyr: list[Tensor], k: int, levels: int) -> tuple[Tensor, Tensor]:
-    """Raw correlations for the weight gradients (w.r.t. the folded weights), from x and the pyramid of dy.
-
-    x's pyramid is streamed: each level is built just before its correlation and released after it, so at most
-    two of its levels exist at a time (the backward's peak memory).
+def wtconv_weight_grads(xpyr: list[Tensor], gpyr: list[Tensor], k: int, levels: int) -> tuple[Tensor, Tensor]:
+    """Raw correlations for the weight gradients (w.r.t. the folded weights).
 
     Returns:
         level_corr: (L, C, 4, K, K) fp32 (fp64 for fp64 inputs), ``sum c_i^s[m + ky - P, n + kx - P] * g_i^s[m, n]``
             over batch and map (c, g: Haar subbands of LL_{i-1} of x and of dy).
         base_corr: (C, K, K), the same for x and dy at full resolution.
     """
-    _check_cl(x, *gpyr)
-    base_corr = _correlate(x, gpyr[0], k, base=True)[0].permute(2, 0, 1)
-    ch = x.shape[1]
+    _check_cl(*xpyr, *gpyr)
+    base_corr = _correlate(xpyr[0], gpyr[0], k, base=True)[0].permute(2, 0, 1)
+    ch = xpyr[0].shape[1]
     if levels > 0:
-        corrs = []
-        xs = x
-        for i in range(levels):
-            if i > 0:
-                xs = ll_level(xs)  # LL_i of x; LL_{i-1} is released here
-            corrs.append(_correlate(xs, gpyr[i], k, base=False))
-        level_corr = torch.stack(corrs).permute(0, 4, 1, 2, 3)
+        level_corr = torch.stack([_correlate(xpyr[i], gpyr[i], k, base=False) for i in range(levels)])
+        level_corr = level_corr.permute(0, 4, 1, 2, 3)
     else:
-        level_corr = torch.zeros((0, ch, 4, k, k), device=x.device, dtype=base_corr.dtype)
+        level_corr = torch.zeros((0, ch, 4, k, k), device=xpyr[0].device, dtype=base_corr.dtype)
     return level_corr, base_corr

@@ -83,12 +83,12 @@ if TRITON_AVAILABLE:
             dy = dy_full
         dy = _channels_last(dy)
         gpyr = ll_pyramid(dy, levels)
+        xpyr = ll_pyramid(_channels_last(x), levels)
         # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
         dx = torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
         wtconv_forward(gpyr, dx, base_w, None, level_w, 1, flip=True)
         dx = _in_format_of(dx, x)
-        # After the input-gradient pass, so x's pyramid (streamed level by level) never meets its buffers.
-        level_corr, base_corr = wtconv_weight_grads(_channels_last(x), gpyr, k, levels)
+        level_corr, base_corr = wtconv_weight_grads(xpyr, gpyr, k, levels)
         dy_sum = dy.sum((0, 2, 3), dtype=base_corr.dtype)
         acc = base_corr.dtype
         bs = base_scale.to(acc)
