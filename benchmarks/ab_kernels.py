@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import DTYPES, SHAPES, _bench  # noqa: E402
-from benchmarks.common import gpu_env, write_json  # noqa: E402
+from benchmarks.common import gpu_env, write_json, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import triton_kernels as current  # noqa: E402
 
 
@@ -48,10 +48,9 @@ def _parts(mod: ModuleType, x, dy, params, k: int, levels: int):
     dx = torch.empty_like(x)
     fwd_w = mod.folded_weights(*params)
     if "flip" in inspect.signature(mod.wtconv_forward).parameters:
-        rot = dict(weights=(fwd_w[0], None, fwd_w[2]), kw=dict(flip=True))
-    else:  # the rotated kernels came from folded_weights(..., flip=True)
-        f = mod.folded_weights(*params, flip=True)
-        rot = dict(weights=(f[0], None, f[2]), kw={})
+        rot_w, rot_kw = fwd_w, dict(flip=True)
+    else:  # older launchers: the rotated kernels came from folded_weights(..., flip=True)
+        rot_w, rot_kw = mod.folded_weights(*params, flip=True), {}
     gpyr = mod.ll_pyramid(dy, levels)
     takes_pyramid = next(iter(inspect.signature(mod.wtconv_weight_grads).parameters)) == "xpyr"
 
@@ -59,7 +58,7 @@ def _parts(mod: ModuleType, x, dy, params, k: int, levels: int):
         return mod.wtconv_forward(mod.ll_pyramid(x, levels), out, *fwd_w, 1)
 
     def dgrad():
-        return mod.wtconv_forward(mod.ll_pyramid(dy, levels), dx, *rot["weights"], 1, **rot["kw"])
+        return mod.wtconv_forward(mod.ll_pyramid(dy, levels), dx, rot_w[0], None, rot_w[2], 1, **rot_kw)
 
     def wgrad():
         return mod.wtconv_weight_grads(mod.ll_pyramid(x, levels) if takes_pyramid else x, gpyr, k, levels)
@@ -96,15 +95,8 @@ def main(argv=None) -> int:
     for dname in args.dtypes:
         dtype = DTYPES[dname]
         for b, c, h, w, levels in shapes:
-            g = torch.Generator(device=args.device).manual_seed(0)
-
-            def rnd(*shape, scale=1.0, offset=0.0):
-                return (torch.randn(*shape, device=args.device, generator=g) * scale + offset).to(dtype)
-
-            x = rnd(b, c, h, w).contiguous(memory_format=torch.channels_last)
-            dy = rnd(b, c, h, w).contiguous(memory_format=torch.channels_last)
-            params = [rnd(c, 1, k, k, scale=0.1), rnd(c), rnd(c, scale=0.1, offset=1.0), rnd(levels, c, 4, k, k),
-                      rnd(levels, c, 4, scale=0.1, offset=0.5)]
+            x, dy, params = wtconv_inputs(b, c, h, w, levels, dtype, args.device, k)
+            x, dy = x.contiguous(memory_format=torch.channels_last), dy.contiguous(memory_format=torch.channels_last)
             parts = [_parts(mod, x, dy, params, k, levels) for mod in (base, current)]
             for part in ("fwd", "dx", "wgrad"):
                 results = [p[part]() for p in parts]  # also compiles outside the timing

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import gpu_env, write_json  # noqa: E402
+from benchmarks.common import gpu_env, write_json, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
 SHAPES = [  # B, C, H, W, levels
@@ -56,10 +56,7 @@ def _cases(b, c, h, w, levels, dtype, k=5):
     def rnd(*shape, scale=1.0):
         return (torch.randn(*shape, device=dev, generator=g) * scale).to(dtype)
 
-    x = rnd(b, c, h, w)
-    dy = rnd(b, c, h, w)
-    p = [rnd(c, 1, k, k, scale=0.1), rnd(c, scale=0.1), 1 + rnd(c, scale=0.1), rnd(levels, c, 4, k, k, scale=0.1),
-         0.1 + rnd(levels, c, 4, scale=0.01)]
+    x, dy, p = wtconv_inputs(b, c, h, w, levels, dtype, dev, k, generator=g)
     dw7 = [rnd(c, 1, 7, 7, scale=0.1), rnd(c, scale=0.1)]
     dw5 = [rnd(c, 1, 5, 5, scale=0.1), rnd(c, scale=0.1)]
     cl = torch.channels_last

@@ -1,4 +1,4 @@
-"""What every benchmark script shares: the environment record and the atomic JSON write of its results."""
+"""What every benchmark script shares: the environment record, seeded layer inputs and the atomic JSON write."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 
 def gpu_env(**extra: Any) -> dict[str, Any]:
@@ -18,6 +19,27 @@ def gpu_env(**extra: Any) -> dict[str, Any]:
     return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 cuda=torch.version.cuda, python=platform.python_version(),
                 date=time.strftime("%Y-%m-%d %H:%M:%S"), **extra)
+
+
+def wtconv_inputs(
+    b: int, c: int, h: int, w: int, levels: int, dtype: torch.dtype, device: str = "cuda", k: int = 5,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """Seeded NCHW ``x`` and ``dy`` and the WTConv parameters (weight, bias, base_scale, wavelet_weight,
+    wavelet_scale) at trained-like scales, for one layer of B x C x H x W with ``levels`` Haar levels.
+
+    Pass ``generator`` to keep drawing from it afterwards (e.g. for a comparison layer's weights).
+    """
+    g = generator if generator is not None else torch.Generator(device=device).manual_seed(0)
+
+    def rnd(*shape: int, scale: float = 1.0) -> Tensor:
+        return (torch.randn(*shape, device=device, generator=g) * scale).to(dtype)
+
+    x = rnd(b, c, h, w)
+    dy = rnd(b, c, h, w)
+    params = [rnd(c, 1, k, k, scale=0.1), rnd(c, scale=0.1), 1 + rnd(c, scale=0.1), rnd(levels, c, 4, k, k, scale=0.1),
+              0.1 + rnd(levels, c, 4, scale=0.01)]
+    return x, dy, params
 
 
 def write_json(path: str | Path, payload: Any) -> None:

@@ -19,6 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import DTYPES, SHAPES  # noqa: E402
+from benchmarks.common import wtconv_inputs  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
 
@@ -31,12 +32,8 @@ def main(argv=None) -> int:
         print("ncu_layer.py needs a CUDA GPU", file=sys.stderr)
         return 2
     b, c, h, w, levels = SHAPES[args.stage]
-    dtype, k = DTYPES[args.dtype], 5
-    x = torch.randn(b, c, h, w, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
-    x.requires_grad_()
-    params = [torch.randn(c, 1, k, k, device="cuda", dtype=dtype) * 0.1, torch.randn(c, device="cuda", dtype=dtype),
-              torch.ones(c, device="cuda", dtype=dtype), torch.randn(levels, c, 4, k, k, device="cuda", dtype=dtype),
-              torch.full((levels, c, 4), 0.1, device="cuda", dtype=dtype)]
+    x, _, params = wtconv_inputs(b, c, h, w, levels, DTYPES[args.dtype])
+    x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
     for p in params:
         p.requires_grad_()
 

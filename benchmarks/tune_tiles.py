@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import DTYPES, SHAPES, _bench, _peak_mb  # noqa: E402
-from benchmarks.common import gpu_env, write_json  # noqa: E402
+from benchmarks.common import gpu_env, write_json, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 
 
@@ -52,11 +52,8 @@ def main(argv=None) -> int:
     for dname in args.dtypes:
         dtype = DTYPES[dname]
         for b, c, h, w, levels in SHAPES[:4]:
-            x = torch.randn(b, c, h, w, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
-            dy = torch.randn_like(x)
-            p = [torch.randn(c, 1, k, k, device="cuda", dtype=dtype) * 0.1, torch.zeros(c, device="cuda", dtype=dtype),
-                 torch.ones(c, device="cuda", dtype=dtype), torch.randn(levels, c, 4, k, k, device="cuda", dtype=dtype),
-                 torch.full((levels, c, 4), 0.1, device="cuda", dtype=dtype)]
+            x, dy, p = wtconv_inputs(b, c, h, w, levels, dtype, "cuda", k)
+            x, dy = x.contiguous(memory_format=torch.channels_last), dy.contiguous(memory_format=torch.channels_last)
             folded = tk.folded_weights(*p)
             out = torch.empty_like(x)
             xpyr = tk.ll_pyramid(x, levels)

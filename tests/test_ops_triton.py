@@ -28,8 +28,6 @@ from wtconvnext.ops import wtconv2d  # noqa: E402
 pytestmark = pytest.mark.triton
 
 
-
-
 def _params(c: int, k: int, levels: int, bias: bool, dtype: torch.dtype, device: str = DEVICE):
     g = torch.Generator().manual_seed(c * 1000 + k * 10 + levels)
 
