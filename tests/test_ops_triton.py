@@ -181,15 +181,24 @@ def test_weight_grads_deterministic():
 
 
 def test_autocast_casts_like_a_conv():
-    c = 3
-    layer = WTConv2d(c, c, 3, wt_levels=2, backend="triton").to(DEVICE)
-    x = torch.randn(1, c, 10, 10, device=DEVICE, requires_grad=True)
+    """Under autocast the eager path rounds the parameters to bf16 inside its kernels, and their gradients through
+    bf16: bit for bit what casting every parameter first (and autograd's cast backward) gives."""
+    c, k, levels = 3, 3, 2
+    params = _params(c, k, levels, True, torch.float32)
+    x = torch.randn(1, c, 10, 11, device=DEVICE)
+    dy = torch.randn(1, c, 10, 11, device=DEVICE).to(torch.bfloat16)
+    ps = [p.clone().requires_grad_() for p in params]
+    xa = x.clone().requires_grad_()
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
-        y = layer(x)
+        y = wtconv2d(xa, *ps, backend="triton")
     assert y.dtype == torch.bfloat16
-    y.float().sum().backward()
-    assert layer.wavelet_weight.grad.dtype == torch.float32
-    assert x.grad is not None and torch.isfinite(x.grad).all()
+    (y.float() * dy.float()).sum().backward()
+    cast, _ = _run(x.to(torch.bfloat16), [p.to(torch.bfloat16) for p in params], 1, "triton", dy)
+    assert torch.equal(y, cast[0])
+    assert xa.grad.dtype == torch.float32 and torch.equal(xa.grad, cast[1].float())
+    for name, p, g in zip(NAMES[2:], ps, cast[2:]):
+        assert p.grad.dtype == torch.float32, name
+        assert torch.equal(p.grad, g.float()), name
 
 
 def test_bad_input_is_rejected_before_launch():
@@ -260,6 +269,23 @@ def test_model_to_channels_last_keeps_the_function():
         y_cl = model(x.to(memory_format=torch.channels_last))
     assert model.stages[0].blocks[0].conv_dw.wavelet_weight.is_contiguous()
     torch.testing.assert_close(y_cl, y, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pyramid_is_the_haar_low_pass(dtype):
+    """One launch computes up to four levels from a tile in registers; seven levels need two, and odd sizes zero
+    extend at every level: each level must be bit for bit the reference's LL subband of the one before."""
+    from wtconvnext.ops.reference import haar_analysis
+    from wtconvnext.ops.triton_kernels import ll_pyramid
+
+    x = torch.randn(2, 5, 67, 45, device=DEVICE).to(dtype).contiguous(memory_format=torch.channels_last)
+    pyr = ll_pyramid(x, 7)
+    assert len(pyr) == 7 and pyr[0] is x
+    ref = x.float()
+    for level in pyr[1:]:
+        ref = haar_analysis(ref)[:, :, 0]
+        assert level.dtype == torch.float32 and level.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(level, ref)
 
 
 @pytest.mark.parametrize("tuning", [

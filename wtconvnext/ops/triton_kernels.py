@@ -36,7 +36,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["ll_pyramid", "wtconv_forward", "wtconv_weight_grads", "TUNING"]
+__all__ = ["ll_pyramid", "folded_weights", "wtconv_forward", "correlations", "wtconv_weight_grads", "param_grads",
+           "TUNING"]
 
 
 @triton.jit
@@ -59,32 +60,51 @@ def _butterfly(p_top, p_bot, m_a, m_b, m_c, m_d, C: tl.constexpr, COMPUTE: tl.co
 
 
 @triton.jit
-def _ll_kernel(
-    src_ptr,  # (B, Hs, Ws, C) dense channels-last: the finer low-pass (x, or a previous level)
-    out_ptr,  # (B, Hc, Wc, C) dense channels-last, compute dtype
+def _pyramid_kernel(
+    src_ptr,  # (B, Hs, Ws, C) dense channels-last: x, or the coarsest level of a previous launch
+    out1_ptr, out2_ptr, out3_ptr, out4_ptr,  # level j of this launch: (B, ceil(Hs/2^j), ceil(Ws/2^j), C)
     Hs, Ws, TILES_N, TILES,
-    C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
+    C: tl.constexpr, NLEV: tl.constexpr, TH: tl.constexpr, TW: tl.constexpr, BLOCK_C: tl.constexpr,
+    COMPUTE: tl.constexpr,
 ):
+    """NLEV (1-4) low-pass levels of one TH x TW pixel tile in one pass: the tile is read once and each level is the
+    2x2 block sums / 2 of the one before, kept in registers (a reshape pairs each pixel with its neighbours).
+
+    Tiles are aligned to 2^NLEV pixels, so every block of every level lies inside one tile; pixels outside the map
+    load as zeros, which is the zero extension of odd sizes at every level.
+    """
     pid = tl.program_id(0)
     bidx = (pid // TILES).to(tl.int64)
     tile = pid % TILES
-    s = tl.arange(0, BLOCK_M * BLOCK_N)[:, None]
-    m = (tile // TILES_N) * BLOCK_M + s // BLOCK_N
-    n = (tile % TILES_N) * BLOCK_N + s % BLOCK_N
-    hc = (Hs + 1) // 2
-    wc = (Ws + 1) // 2
-    cc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
-    inside = (m < hc) & (n < wc)
-    if C % BLOCK_C != 0:
-        inside = inside & (cc < C)
+    r = (tile // TILES_N) * TH + tl.arange(0, TH)[:, None, None]
+    q = (tile % TILES_N) * TW + tl.arange(0, TW)[None, :, None]
+    cc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, None, :]
+    cmask = cc < C
     row = Ws * C  # int32: offsets built from it are widened where they can pass 2^31
-    p_top = src_ptr + bidx * Hs * row + ((2 * m).to(tl.int64) * row + 2 * n * C) + cc
-    bot = 2 * m + 1 < Hs
-    right = 2 * n + 1 < Ws
-    s0, _, _, _ = _butterfly(p_top, p_top + row, inside, inside & right, inside & bot, inside & bot & right,
-                             C, COMPUTE)
-    off = bidx * hc * wc * C + (m.to(tl.int64) * wc + n) * C + cc
-    tl.store(out_ptr + off, s0 * 0.5, mask=inside)
+    src = src_ptr + bidx * Hs * row + (r.to(tl.int64) * row + q * C) + cc
+    v = tl.load(src, mask=cmask & (r < Hs) & (q < Ws), other=0.0).to(COMPUTE)
+    h = Hs
+    w = Ws
+    for j in tl.static_range(1, NLEV + 1):
+        th: tl.constexpr = TH >> j
+        tw: tl.constexpr = TW >> j
+        # (a + b) + (c + d) over each 2x2 block, horizontal pairs first: the order of the per-level kernels before.
+        v = tl.sum(tl.reshape(v, (th * 2, tw, 2, BLOCK_C)), 2)
+        v = tl.sum(tl.reshape(v, (th, 2, tw, BLOCK_C)), 1) * 0.5
+        h = (h + 1) // 2
+        w = (w + 1) // 2
+        rj = (tile // TILES_N) * th + tl.arange(0, th)[:, None, None]
+        qj = (tile % TILES_N) * tw + tl.arange(0, tw)[None, :, None]
+        if j == 1:
+            out = out1_ptr
+        elif j == 2:
+            out = out2_ptr
+        elif j == 3:
+            out = out3_ptr
+        else:
+            out = out4_ptr
+        dst = out + bidx * h * w * C + (rj.to(tl.int64) * w + qj) * C + cc
+        tl.store(dst, v.to(out.dtype.element_ty), mask=cmask & (rj < h) & (qj < w))
 
 
 @triton.jit
@@ -251,6 +271,7 @@ def _wgrad_kernel(
     g = dy at full resolution (one "subband"). All K*K taps are one tensor axis (padded to TP), so dy's butterfly
     is computed once per position for every tap, and the accumulators stay elementwise until one reduction over
     the positions at the end. Each tap is a fixed offset from the position's pixel, computed once per program.
+    The base also sums dy in lane K*K (TP > K*K).
     """
     PAD: tl.constexpr = K // 2
     NSUB: tl.constexpr = 1 if BASE else 4
@@ -266,6 +287,8 @@ def _wgrad_kernel(
     else:
         cmask = cc < C
     tmask = cmask & (t < K * K)
+    if BASE:
+        sum_lane = (t == K * K).to(COMPUTE)
     row = Ws * C  # int32: offsets built from it are widened where they can pass 2^31
     hm = (Hs + F - 1) // F
     wm = (Ws + F - 1) // F
@@ -290,7 +313,8 @@ def _wgrad_kernel(
         if BASE:
             g0 = tl.load(gs_ptr + pos + cc, mask=cmask & qmask, other=0.0).to(COMPUTE)
             inside = qmask & (mm >= 0) & (mm < Hs) & (nn >= 0) & (nn < Ws)
-            u0 = tl.load(xs_ptr + pos + tap_off, mask=tmask & inside, other=0.0).to(COMPUTE)
+            # Lane K*K (beyond the taps) reads 1 and so sums dy: the bias gradient, without a pass of its own.
+            u0 = tl.load(xs_ptr + pos + tap_off, mask=tmask & inside, other=sum_lane).to(COMPUTE)
             a0 += u0 * g0
         else:
             gm = cmask & qmask
@@ -324,12 +348,125 @@ def _wgrad_kernel(
         tl.store(dst + 3 * TP * C, (tl.sum(a3, 1) * 0.25).to(part_ptr.dtype.element_ty), mask=c2 < C)
 
 
+@triton.jit
+def _round(v, ROUND: tl.constexpr):
+    """``v`` rounded to the dtype ROUND (to nearest even, as torch's casts), still in a wider type.
+
+    bf16 by bit arithmetic on the fp32 value: Triton's interpreter truncates in its bf16 conversion, which would
+    make the CPU tests disagree with the GPU by an ulp. (Wider inputs go through fp32 first, as torch does.)"""
+    if ROUND == tl.bfloat16:
+        f = v.to(tl.float32)
+        u = f.to(tl.uint32, bitcast=True)
+        r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        return tl.where(f != f, f, r)  # NaN stays NaN
+    else:
+        return v.to(ROUND)
+
+
+@triton.jit
+def _param(ptr, offs, mask, ROUND: tl.constexpr, COMPUTE: tl.constexpr):
+    """A parameter as the layer sees it: rounded to the autocast dtype first when ROUND is set (as a cast would)."""
+    v = tl.load(ptr + offs, mask=mask, other=0.0)
+    if ROUND is not None:
+        v = _round(v, ROUND)
+    return v.to(COMPUTE)
+
+
+@triton.jit
+def _store_grad(ptr, offs, val, mask, ROUND: tl.constexpr):
+    """A parameter's gradient, rounded through the autocast dtype when ROUND is set (as a cast's backward would)."""
+    if ROUND is not None:
+        val = _round(val, ROUND)
+    elif ptr.dtype.element_ty == tl.bfloat16:
+        val = _round(val, tl.bfloat16)  # the same rounding whether the cast is on the fly or not
+    tl.store(ptr + offs, val.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fold_kernel(
+    w_ptr, b_ptr, bs_ptr, ww_ptr, ws_ptr,  # the layer's parameters, contiguous, in their own dtype
+    bw_ptr,  # (K, K, C): weight * base_scale
+    bb_ptr,  # (C,): bias * base_scale (HAS_BIAS)
+    lw_ptr,  # (L, 4, K, K, C): wavelet_weight * wavelet_scale * 1/2
+    C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr,
+    COMPUTE: tl.constexpr, ROUND: tl.constexpr,  # None, or the dtype autocast would cast the parameters to
+):
+    """The kernels' weights, one program per channel block and group (0: base, i: level i), from the parameters'
+    (C, ..., K, K) layouts to taps-major, channels-contiguous ones."""
+    KK: tl.constexpr = K * K
+    g = tl.program_id(1)
+    t = tl.arange(0, TP)[:, None]
+    c1 = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cc = c1[None, :]
+    cm1 = c1 < C
+    tm = (t < KK) & (cc < C)
+    if g == 0:
+        bs = _param(bs_ptr, c1, cm1, ROUND, COMPUTE)
+        w = _param(w_ptr, cc * KK + t, tm, ROUND, COMPUTE)
+        tl.store(bw_ptr + t * C + cc, (w * bs[None, :]).to(bw_ptr.dtype.element_ty), mask=tm)
+        if HAS_BIAS:
+            b = _param(b_ptr, c1, cm1, ROUND, COMPUTE)
+            tl.store(bb_ptr + c1, (b * bs).to(bb_ptr.dtype.element_ty), mask=cm1)
+    else:
+        lc = (g - 1) * C + c1  # (level, channel) row of the wavelet parameters
+        for s in tl.static_range(4):
+            sc = _param(ws_ptr, lc * 4 + s, cm1, ROUND, COMPUTE) * 0.5
+            w = _param(ww_ptr, (lc[None, :] * 4 + s) * KK + t, tm, ROUND, COMPUTE)
+            tl.store(lw_ptr + (((g - 1) * 4 + s) * KK + t) * C + cc, (w * sc[None, :]).to(lw_ptr.dtype.element_ty),
+                     mask=tm)
+
+
+@triton.jit
+def _param_grads_kernel(
+    corr_ptr,  # (L + 1, 4, TP, C): what correlations() returns
+    w_ptr, b_ptr, bs_ptr, ww_ptr, ws_ptr,  # the layer's parameters, contiguous
+    dw_ptr, db_ptr, dbs_ptr, dww_ptr, dws_ptr,  # their gradients, same shapes and dtypes
+    C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr,
+    COMPUTE: tl.constexpr, ROUND: tl.constexpr,  # as in _fold_kernel
+):
+    """Chain rule through the folding, one program per channel block and group (0: base, i: level i):
+    ``d W = scale * corr``, ``d scale = sum_taps W * corr`` (+ ``bias * sum dy`` for base_scale),
+    ``d bias = base_scale * sum dy``."""
+    KK: tl.constexpr = K * K
+    g = tl.program_id(1)
+    t = tl.arange(0, TP)[:, None]
+    c1 = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cc = c1[None, :]
+    cm1 = c1 < C
+    tm = (t < KK) & (cc < C)
+    if g == 0:
+        corr = tl.load(corr_ptr + t * C + cc, mask=tm, other=0.0).to(COMPUTE)
+        dsum = tl.load(corr_ptr + KK * C + c1, mask=cm1, other=0.0).to(COMPUTE)
+        bs = _param(bs_ptr, c1, cm1, ROUND, COMPUTE)
+        w = _param(w_ptr, cc * KK + t, tm, ROUND, COMPUTE)
+        _store_grad(dw_ptr, cc * KK + t, corr * bs[None, :], tm, ROUND)
+        dbs = tl.sum(w * corr, 0)
+        if HAS_BIAS:
+            dbs += _param(b_ptr, c1, cm1, ROUND, COMPUTE) * dsum
+        _store_grad(dbs_ptr, c1, dbs, cm1, ROUND)
+        _store_grad(db_ptr, c1, bs * dsum, cm1, ROUND)
+    else:
+        lc = (g - 1) * C + c1
+        for s in tl.static_range(4):
+            corr = tl.load(corr_ptr + ((g * 4 + s) * TP + t) * C + cc, mask=tm, other=0.0).to(COMPUTE)
+            sc = _param(ws_ptr, lc * 4 + s, cm1, ROUND, COMPUTE)
+            woff = (lc[None, :] * 4 + s) * KK + t
+            w = _param(ww_ptr, woff, tm, ROUND, COMPUTE)
+            _store_grad(dww_ptr, woff, corr * sc[None, :], tm, ROUND)
+            _store_grad(dws_ptr, lc * 4 + s, tl.sum(w * corr, 0), cm1, ROUND)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Launchers
 
 
 def _compute_dtype(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _tl_dtype(dtype: Optional[torch.dtype]):
+    return None if dtype is None else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16,
+                                       torch.float32: tl.float32, torch.float64: tl.float64}[dtype]
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -410,41 +547,68 @@ def _block_c(ch: int, cap: int) -> int:
     return min(_pow2(ch), cap)
 
 
+# Levels per pyramid launch: a tile of 2^4 x 2^4 pixels already holds a few thousand values per program.
+_PYRAMID_LEVELS = 4
+
+
 def ll_pyramid(x: Tensor, levels: int) -> list[Tensor]:
-    """[LL_0 = x, LL_1, ..., LL_{levels-1}]: the low-pass inputs of every level (channels-last, compute dtype)."""
+    """[LL_0 = x, LL_1, ..., LL_{levels-1}]: the low-pass inputs of every level (channels-last, compute dtype).
+
+    One launch per four levels (usually one in all), each reading its source once.
+    """
     _check_cl(x)
     pyr = [x]
     bsz, ch = x.shape[:2]
-    for _ in range(1, levels):
+    compute, acc = _compute_dtype(x.dtype), _acc_dtype(x.dtype)
+    while len(pyr) < levels:
         src = pyr[-1]
         hs, ws = src.shape[-2:]
-        hc, wc = (hs + 1) // 2, (ws + 1) // 2
-        out = _empty_cl((bsz, ch, hc, wc), x, _acc_dtype(x.dtype))
-        bm, bn, tiles_n, tiles = _pos_tiles(hc, wc, 16)
-        bc = _block_c(ch, 64)
-        _ll_kernel[(bsz * tiles, _cdiv(ch, bc))](
-            src, out, hs, ws, tiles_n, tiles,
-            C=ch, BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=_compute_dtype(x.dtype), num_warps=4,
+        nlev = min(levels - len(pyr), _PYRAMID_LEVELS)
+        outs = []
+        h, w = hs, ws
+        for _ in range(nlev):
+            h, w = (h + 1) // 2, (w + 1) // 2
+            outs.append(_empty_cl((bsz, ch, h, w), x, acc))
+        # Tiles of at least 2^nlev pixels a side (alignment), else up to 16 (less on small maps).
+        th = max(1 << nlev, min(_pow2(hs), 16))
+        tw = max(1 << nlev, min(_pow2(ws), 16))
+        bc = _block_c(ch, max(4096 // (th * tw), 1))
+        tiles_n = _cdiv(ws, tw)
+        tiles = _cdiv(hs, th) * tiles_n
+        _pyramid_kernel[(bsz * tiles, _cdiv(ch, bc))](
+            src, *outs, *outs[:1] * (4 - nlev), hs, ws, tiles_n, tiles,
+            C=ch, NLEV=nlev, TH=th, TW=tw, BLOCK_C=bc, COMPUTE=compute, num_warps=4,
         )
-        pyr.append(out)
+        pyr.extend(outs)
     return pyr
 
 
 def folded_weights(
     weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor,
+    round_to: Optional[torch.dtype] = None,
 ) -> tuple[Tensor, Optional[Tensor], Tensor]:
     """The kernels' weights: scales (and, for the levels, the Haar 1/2) folded in, taps-major and channels
-    contiguous, in the compute dtype.
+    contiguous, in the compute dtype; one launch.
 
     Returns ``(base (K, K, C), bias * base_scale (C,) or None, levels (L, 4, K, K, C))``. The forward computes them
-    once and the backward reuses them (the input-gradient pass reads them rotated, ``flip=True``).
+    once and the backward reuses them (the input-gradient pass reads them rotated, ``flip=True``). ``round_to``:
+    the parameters are first rounded to this dtype (autocast's cast, without a cast pass per parameter).
     """
-    acc = _acc_dtype(weight.dtype)
-    base = weight[:, 0].to(acc) * base_scale.to(acc)[:, None, None]
+    ch, k, levels = weight.shape[0], weight.shape[-1], wavelet_weight.shape[0]
+    acc = _acc_dtype(round_to or weight.dtype)
+    dev = weight.device
+    base = torch.empty((k, k, ch), device=dev, dtype=acc)
+    fb = None if bias is None else torch.empty((ch,), device=dev, dtype=acc)
+    lev = torch.empty((levels, 4, k, k, ch), device=dev, dtype=acc)
+    bc = _block_c(ch, 64)
     # The Haar 1/2 of the analysis butterfly goes into the level kernels (exact: a power of two).
-    lev = wavelet_weight.to(acc) * (wavelet_scale.to(acc) * 0.5)[..., None, None]
-    fb = None if bias is None else (bias.to(acc) * base_scale.to(acc)).contiguous()
-    return base.permute(1, 2, 0).contiguous(), fb, lev.permute(0, 2, 3, 4, 1).contiguous()
+    _fold_kernel[(_cdiv(ch, bc), levels + 1)](
+        weight.contiguous(), base if bias is None else bias.contiguous(), base_scale.contiguous(),
+        wavelet_weight.contiguous(), wavelet_scale.contiguous(), base, base if fb is None else fb, lev,
+        C=ch, K=k, TP=_pow2(k * k), HAS_BIAS=bias is not None, BLOCK_C=bc, COMPUTE=_compute_dtype(acc),
+        ROUND=_tl_dtype(round_to), num_warps=4,
+    )
+    return base, fb, lev
 
 
 def wtconv_forward(
@@ -483,12 +647,13 @@ def wtconv_forward(
     return out
 
 
-def _correlate(xs: Tensor, gs: Tensor, k: int, base: bool) -> Tensor:
-    """(NSUB, K, K, C) correlations of one level (NSUB = 4) or of the base (NSUB = 1), summed deterministically."""
+def _correlate(xs: Tensor, gs: Tensor, k: int, base: bool, out: Tensor) -> None:
+    """Correlations of one level (NSUB = 4) or of the base (NSUB = 1, dy's sum in lane K*K), summed
+    deterministically into ``out`` (NSUB, TP, C)."""
     bsz, ch, hs, ws = xs.shape
     hm, wm = (hs, ws) if base else ((hs + 1) // 2, (ws + 1) // 2)
     npos = bsz * hm * wm
-    tp = _pow2(k * k)
+    tp = out.shape[1]
     nsub = 1 if base else 4
     bc = _block_c(ch, TUNING["wgrad_block_c"])
     # Positions per step: as tuned for 5x5 taps (32 lanes), fewer for larger kernels so the tile stays as large.
@@ -500,30 +665,63 @@ def _correlate(xs: Tensor, gs: Tensor, k: int, base: bool) -> Tensor:
     chunks = max(1, min(_cdiv(npos, max(bs, TUNING["wgrad_min_chunk"])), TUNING["wgrad_programs"] // cblocks))
     chunk = _cdiv(_cdiv(npos, chunks), bs) * bs
     chunks = _cdiv(npos, chunk)
-    part = torch.empty((chunks, nsub, tp, ch), device=xs.device, dtype=_acc_dtype(xs.dtype))
+    part = torch.empty((chunks, nsub, tp, ch), device=xs.device, dtype=out.dtype)
     _wgrad_kernel[(chunks, cblocks)](
         xs, gs, part, hs, ws, npos, chunk,
         C=ch, K=k, TP=tp, BASE=base, BLOCK_S=bs, BLOCK_C=bc, COMPUTE=_compute_dtype(xs.dtype),
         num_warps=TUNING["wgrad_warps"],
     )
-    # Fixed-order sum over the chunks (no atomics).
-    return part.sum(0)[:, : k * k].view(nsub, k, k, ch)
+    torch.sum(part, 0, out=out)  # fixed-order sum over the chunks (no atomics)
 
 
-def wtconv_weight_grads(xpyr: list[Tensor], gpyr: list[Tensor], k: int, levels: int) -> tuple[Tensor, Tensor]:
-    """Raw correlations for the weight gradients (w.r.t. the folded weights).
+def correlations(xpyr: list[Tensor], gpyr: list[Tensor], k: int, levels: int) -> Tensor:
+    """Every raw correlation of the weight gradients (w.r.t. the folded weights) in one (L + 1, 4, TP, C) buffer,
+    fp32 (fp64 for fp64 inputs), TP = next power of two above K*K.
 
-    Returns:
-        level_corr: (L, C, 4, K, K) fp32 (fp64 for fp64 inputs), ``sum c_i^s[m + ky - P, n + kx - P] * g_i^s[m, n]``
-            over batch and map (c, g: Haar subbands of LL_{i-1} of x and of dy).
-        base_corr: (C, K, K), the same for x and dy at full resolution.
+    Group 0 is the base: ``[0, 0, ky * K + kx]`` = ``sum x[p + (ky - P, kx - P)] * dy[p]`` over batch and map, and
+    ``[0, 0, K * K]`` = the sum of dy. Group i = 1..L, subband s: the same for the Haar subbands of LL_{i-1} of x
+    and of dy at level i's resolution. Unused rows are left unwritten.
     """
     _check_cl(*xpyr, *gpyr)
-    base_corr = _correlate(xpyr[0], gpyr[0], k, base=True)[0].permute(2, 0, 1)
-    ch = xpyr[0].shape[1]
-    if levels > 0:
-        level_corr = torch.stack([_correlate(xpyr[i], gpyr[i], k, base=False) for i in range(levels)])
-        level_corr = level_corr.permute(0, 4, 1, 2, 3)
-    else:
-        level_corr = torch.zeros((0, ch, 4, k, k), device=xpyr[0].device, dtype=base_corr.dtype)
-    return level_corr, base_corr
+    bsz, ch = xpyr[0].shape[:2]
+    corr = torch.empty((levels + 1, 4, _pow2(k * k + 1), ch), device=xpyr[0].device, dtype=_acc_dtype(xpyr[0].dtype))
+    _correlate(xpyr[0], gpyr[0], k, True, corr[0, :1])
+    for i in range(levels):
+        _correlate(xpyr[i], gpyr[i], k, False, corr[i + 1])
+    return corr
+
+
+def wtconv_weight_grads(xpyr: list[Tensor], gpyr: list[Tensor], k: int, levels: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The correlations of :func:`correlations` as views: ``level_corr`` (L, C, 4, K, K), ``base_corr`` (C, K, K)
+    and the sum of dy (C,)."""
+    corr = correlations(xpyr, gpyr, k, levels)
+    kk = k * k
+    ch = corr.shape[-1]
+    level_corr = corr[1:, :, :kk].unflatten(2, (k, k)).permute(0, 4, 1, 2, 3)
+    return level_corr, corr[0, 0, :kk].view(k, k, ch).permute(2, 0, 1), corr[0, 0, kk]
+
+
+def param_grads(
+    corr: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
+    wavelet_scale: Tensor, round_to: Optional[torch.dtype] = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The parameters' gradients from :func:`correlations`, in one launch: ``(d weight, d bias, d base_scale,
+    d wavelet_weight, d wavelet_scale)``, each contiguous in its parameter's shape and dtype (d bias in
+    base_scale's dtype when there is no bias: the gradient a zero bias would get). With ``round_to`` (as given to
+    :func:`folded_weights`), each is rounded through that dtype, as the backward of a cast to it would."""
+    ch, k, levels = weight.shape[0], weight.shape[-1], wavelet_weight.shape[0]
+    weight, base_scale = weight.contiguous(), base_scale.contiguous()
+    wavelet_weight, wavelet_scale = wavelet_weight.contiguous(), wavelet_scale.contiguous()
+    d_weight = torch.empty_like(weight)
+    d_bias = torch.empty_like(bias if bias is not None else base_scale, memory_format=torch.contiguous_format)
+    d_base_scale = torch.empty_like(base_scale)
+    d_ww = torch.empty_like(wavelet_weight)
+    d_ws = torch.empty_like(wavelet_scale)
+    bc = _block_c(ch, 64)
+    _param_grads_kernel[(_cdiv(ch, bc), levels + 1)](
+        corr, weight, bias if bias is not None else base_scale, base_scale, wavelet_weight, wavelet_scale,
+        d_weight, d_bias, d_base_scale, d_ww, d_ws,
+        C=ch, K=k, TP=corr.shape[2], HAS_BIAS=bias is not None, BLOCK_C=bc, COMPUTE=_compute_dtype(corr.dtype),
+        ROUND=_tl_dtype(round_to), num_warps=4,
+    )
+    return d_weight, d_bias, d_base_scale, d_ww, d_ws

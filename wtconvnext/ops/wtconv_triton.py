@@ -54,22 +54,23 @@ def _in_format_of(t: Tensor, x: Tensor) -> Tensor:
 
 
 if TRITON_AVAILABLE:
-    from .triton_kernels import folded_weights, ll_pyramid, wtconv_forward, wtconv_weight_grads
+    from .triton_kernels import correlations, folded_weights, ll_pyramid, param_grads, wtconv_forward
 
     def _forward_impl(
         x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
-        wavelet_scale: Tensor, stride: int,
+        wavelet_scale: Tensor, stride: int, round_to: Optional[torch.dtype] = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """y in x's memory format, and the folded base and level kernels (for the backward)."""
+        """y in x's memory format, and the folded base and level kernels (for the backward). ``round_to``: the
+        autocast dtype the parameters are rounded to on the fly (eager mode), or None."""
         # The kernels work on channels-last data (wide channel vectors); NCHW input costs one copy each way.
         out = torch.empty(_output_shape(x, stride), device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
-        base_w, base_b, level_w = folded_weights(weight, bias, base_scale, wavelet_weight, wavelet_scale)
+        base_w, base_b, level_w = folded_weights(weight, bias, base_scale, wavelet_weight, wavelet_scale, round_to)
         wtconv_forward(ll_pyramid(_channels_last(x), wavelet_weight.shape[0]), out, base_w, base_b, level_w, stride)
         return _in_format_of(out, x), base_w, level_w
 
     def _backward_impl(
         dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
-        wavelet_scale: Tensor, stride: int, base_w: Tensor, level_w: Tensor,
+        wavelet_scale: Tensor, stride: int, base_w: Tensor, level_w: Tensor, round_to: Optional[torch.dtype] = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         """(dx, d weight, d bias, d base_scale, d wavelet_weight, d wavelet_scale); d bias is for a zero bias when
         ``bias`` is None. ``base_w`` / ``level_w`` are the forward's folded kernels."""
@@ -77,37 +78,18 @@ if TRITON_AVAILABLE:
         levels, k = wavelet_weight.shape[0], weight.shape[-1]
         if stride > 1:
             # The stride subsamples the full-resolution output: its adjoint scatters dy back onto zeros.
-            dy_full = torch.empty((bsz, ch, h, w), device=dy.device, dtype=dy.dtype, memory_format=torch.channels_last)
-            dy_full.zero_()
+            dy_full = torch.zeros((bsz, h, w, ch), device=dy.device, dtype=dy.dtype).permute(0, 3, 1, 2)
             dy_full[:, :, ::stride, ::stride] = dy
             dy = dy_full
         dy = _channels_last(dy)
         gpyr = ll_pyramid(dy, levels)
-        xpyr = ll_pyramid(_channels_last(x), levels)
         # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
         dx = torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
         wtconv_forward(gpyr, dx, base_w, None, level_w, 1, flip=True)
         dx = _in_format_of(dx, x)
-        level_corr, base_corr = wtconv_weight_grads(xpyr, gpyr, k, levels)
-        dy_sum = dy.sum((0, 2, 3), dtype=base_corr.dtype)
-        acc = base_corr.dtype
-        bs = base_scale.to(acc)
-        d_weight = (bs[:, None, None] * base_corr).unsqueeze(1)
-        d_base_scale = (weight[:, 0].to(acc) * base_corr).sum((1, 2))
-        if bias is not None:
-            d_base_scale = d_base_scale + bias.to(acc) * dy_sum
-        d_bias = bs * dy_sum
-        d_wavelet_weight = wavelet_scale.to(acc)[..., None, None] * level_corr
-        d_wavelet_scale = (wavelet_weight.to(acc) * level_corr).sum((-1, -2))
-        # Contiguous, as the fake kernel promises (the correlations come out of permutes).
-        return (
-            dx,
-            d_weight.to(weight.dtype).contiguous(),
-            d_bias.to(bias.dtype if bias is not None else base_scale.dtype).contiguous(),
-            d_base_scale.to(base_scale.dtype).contiguous(),
-            d_wavelet_weight.to(wavelet_weight.dtype).contiguous(),
-            d_wavelet_scale.to(wavelet_scale.dtype).contiguous(),
-        )
+        # x's pyramid only now, so that it never coexists with the input-gradient pass's buffers.
+        corr = correlations(ll_pyramid(_channels_last(x), levels), gpyr, k, levels)
+        return (dx, *param_grads(corr, weight, bias, base_scale, wavelet_weight, wavelet_scale, round_to))
 
     @torch.library.custom_op("wtconvnext::wtconv2d", mutates_args=(), device_types=None)
     def _wtconv2d_op(
@@ -169,10 +151,13 @@ if TRITON_AVAILABLE:
         """Eager-mode autograd: the same implementation as the custom ops, without their dispatch."""
 
         @staticmethod
-        def forward(ctx, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
-            y, base_w, level_w = _forward_impl(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+        def forward(ctx, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to):
+            y, base_w, level_w = _forward_impl(
+                x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to
+            )
             ctx.save_for_backward(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, base_w, level_w)
             ctx.stride = stride
+            ctx.round_to = round_to
             return y
 
         @staticmethod
@@ -180,9 +165,10 @@ if TRITON_AVAILABLE:
         def backward(ctx, dy):
             x, weight, bias, base_scale, wavelet_weight, wavelet_scale, base_w, level_w = ctx.saved_tensors
             dx, dw, db, dbs, dww, dws = _backward_impl(
-                dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, ctx.stride, base_w, level_w
+                dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, ctx.stride, base_w, level_w,
+                ctx.round_to,
             )
-            return dx, dw, (db if bias is not None else None), dbs, dww, dws, None
+            return dx, dw, (db if bias is not None else None), dbs, dww, dws, None, None
 
 
 def wtconv2d_triton(
@@ -197,17 +183,20 @@ def wtconv2d_triton(
     """Fused Triton WTConv (arguments as :func:`wtconvnext.ops.wtconv2d`, which checks them).
 
     Under autocast, x and every parameter are cast to the autocast dtype first, as a convolution does; the kernels
-    accumulate in fp32 and store in that dtype.
+    accumulate in fp32 and store in that dtype. (In eager mode the parameters are rounded inside the weight-folding
+    and gradient kernels instead, with the same result: ten cast passes and their autograd nodes less per layer.)
     """
     if not TRITON_AVAILABLE:
         raise RuntimeError("the 'triton' WTConv backend needs the triton package, which is not installed")
     device_type = x.device.type
+    round_to = None
     if torch.is_autocast_enabled(device_type):
-        dtype = torch.get_autocast_dtype(device_type)
-        x = x.to(dtype)
-        weight, base_scale = weight.to(dtype), base_scale.to(dtype)
-        bias = bias.to(dtype) if bias is not None else None
-        wavelet_weight, wavelet_scale = wavelet_weight.to(dtype), wavelet_scale.to(dtype)
+        round_to = torch.get_autocast_dtype(device_type)
+        x = x.to(round_to)
     if torch.compiler.is_compiling():
+        if round_to is not None:  # the compiler fuses these casts
+            weight, base_scale = weight.to(round_to), base_scale.to(round_to)
+            bias = bias.to(round_to) if bias is not None else None
+            wavelet_weight, wavelet_scale = wavelet_weight.to(round_to), wavelet_scale.to(round_to)
         return _wtconv2d_op(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
-    return _WTConvFunction.apply(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+    return _WTConvFunction.apply(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)
