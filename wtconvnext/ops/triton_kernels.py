@@ -86,15 +86,14 @@ def _pyramid_kernel(
     h = Hs
     w = Ws
     for j in tl.static_range(1, NLEV + 1):
-        th: tl.constexpr = TH >> j
-        tw: tl.constexpr = TW >> j
         # (a + b) + (c + d) over each 2x2 block, horizontal pairs first: the order of the per-level kernels before.
-        v = tl.sum(tl.reshape(v, (th * 2, tw, 2, BLOCK_C)), 2)
-        v = tl.sum(tl.reshape(v, (th, 2, tw, BLOCK_C)), 1) * 0.5
+        # This level's tile is (TH >> j) x (TW >> j).
+        v = tl.sum(tl.reshape(v, (TH >> (j - 1), TW >> j, 2, BLOCK_C)), 2)
+        v = tl.sum(tl.reshape(v, (TH >> j, 2, TW >> j, BLOCK_C)), 1) * 0.5
         h = (h + 1) // 2
         w = (w + 1) // 2
-        rj = (tile // TILES_N) * th + tl.arange(0, th)[:, None, None]
-        qj = (tile % TILES_N) * tw + tl.arange(0, tw)[None, :, None]
+        rj = (tile // TILES_N) * (TH >> j) + tl.arange(0, TH >> j)[:, None, None]
+        qj = (tile % TILES_N) * (TW >> j) + tl.arange(0, TW >> j)[None, :, None]
         if j == 1:
             out = out1_ptr
         elif j == 2:

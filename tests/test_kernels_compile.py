@@ -1,0 +1,81 @@
+"""Every Triton kernel compiles for an sm_90 GPU (Hopper, the H200), on any machine.
+
+Triton's interpreter, which runs the kernels in the CPU tests, accepts code that its GPU compiler rejects (a
+constexpr assigned twice in a static loop did): this compiles each kernel, in the specialisations the launchers
+use, to a cubin without needing a GPU. It runs in a subprocess, since the kernels must be decorated without
+TRITON_INTERPRET (which conftest sets for the CPU tests).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _cases():
+    import triton.language as tl
+
+    from wtconvnext.ops import triton_kernels as tk
+
+    f32, bf16, i32, fp = "*fp32", "*bf16", "i32", tl.float32
+    for nlev in (1, 4):
+        yield tk._pyramid_kernel, dict(src_ptr=bf16, out1_ptr=f32, out2_ptr=f32, out3_ptr=f32, out4_ptr=f32,
+                                       Hs=i32, Ws=i32, TILES_N=i32, TILES=i32), \
+            dict(C=96, NLEV=nlev, TH=16, TW=16, BLOCK_C=16, COMPUTE=fp)
+    for last, flip, stride in ((True, False, 1), (False, True, 1), (True, False, 2)):
+        yield tk._level_fwd_kernel, dict(src_ptr=bf16, acc_ptr=f32, out_ptr=bf16, lw_ptr=f32, bw_ptr=f32, bb_ptr=f32,
+                                         Hs=i32, Ws=i32, TILES_N=i32, TILES=i32), \
+            dict(C=96, K=5, STRIDE=stride, HAS_LEVEL=True, HAS_ACC=True, IS_LAST=last, HAS_BIAS=last, FLIP=flip,
+                 BLOCK_M=4, BLOCK_N=4, BLOCK_C=32, COMPUTE=fp)
+    for base in (True, False):
+        yield tk._wgrad_kernel, dict(xs_ptr=bf16, gs_ptr=bf16, part_ptr=f32, Hs=i32, Ws=i32, NPOS=i32, CHUNK=i32), \
+            dict(C=96, K=5, TP=32, BASE=base, BLOCK_S=1, BLOCK_C=64, COMPUTE=fp)
+    params = dict(w_ptr=f32, b_ptr=f32, bs_ptr=f32, ww_ptr=f32, ws_ptr=f32)
+    grads = dict(dw_ptr=f32, db_ptr=f32, dbs_ptr=f32, dww_ptr=f32, dws_ptr=f32)
+    for round_to in (None, tl.bfloat16, tl.float16):
+        consts = dict(C=96, K=5, TP=32, HAS_BIAS=True, BLOCK_C=64, COMPUTE=fp, ROUND=round_to)
+        yield tk._fold_kernel, dict(**params, bw_ptr=f32, bb_ptr=f32, lw_ptr=f32), consts
+        yield tk._param_grads_kernel, dict(corr_ptr=f32, **params, **grads), consts
+    yield tk._param_grads_kernel, dict(corr_ptr=f32, **{k: bf16 for k in [*params, *grads]}), \
+        dict(C=96, K=5, TP=32, HAS_BIAS=False, BLOCK_C=64, COMPUTE=fp, ROUND=None)
+
+
+def _compile_all() -> int:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    failed = 0
+    for fn, signature, constexprs in _cases():
+        src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}}, constexprs=constexprs)
+        try:
+            triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        except Exception as e:  # report every failing kernel, then fail
+            failed += 1
+            print(f"FAILED {fn.__name__} {constexprs}:\n{e}\n", file=sys.stderr)
+    return failed
+
+
+def test_kernels_compile_for_sm90():
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode == 3:
+        pytest.skip(f"cannot build for sm_90 with this triton: {proc.stderr.strip()[-300:]}")
+    assert proc.returncode == 0, proc.stderr[-6000:]
+
+
+if __name__ == "__main__":
+    try:
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.compiler import ASTSource  # noqa: F401
+    except ImportError as e:
+        print(e, file=sys.stderr)
+        raise SystemExit(3)
+    raise SystemExit(1 if _compile_all() else 0)
