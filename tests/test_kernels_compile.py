@@ -22,10 +22,8 @@ def _cases():
     from wtconvnext.ops import triton_kernels as tk
 
     f32, bf16, i32, fp = "*fp32", "*bf16", "i32", tl.float32
-    for nlev in (1, 4):
-        yield tk._pyramid_kernel, dict(src_ptr=bf16, out1_ptr=f32, out2_ptr=f32, out3_ptr=f32, out4_ptr=f32,
-                                       Hs=i32, Ws=i32, TILES_N=i32, TILES=i32), \
-            dict(C=96, NLEV=nlev, TH=16, TW=16, BLOCK_C=16, COMPUTE=fp)
+    yield tk._ll_kernel, dict(src_ptr=bf16, out_ptr=f32, Hs=i32, Ws=i32, TILES_N=i32, TILES=i32), \
+        dict(C=96, BLOCK_M=4, BLOCK_N=4, BLOCK_C=64, COMPUTE=fp)
     for last, flip, stride in ((True, False, 1), (False, True, 1), (True, False, 2)):
         yield tk._level_fwd_kernel, dict(src_ptr=bf16, acc_ptr=f32, out_ptr=bf16, lw_ptr=f32, bw_ptr=f32, bb_ptr=f32,
                                          Hs=i32, Ws=i32, TILES_N=i32, TILES=i32), \

@@ -273,8 +273,8 @@ def test_model_to_channels_last_keeps_the_function():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_pyramid_is_the_haar_low_pass(dtype):
-    """One launch computes up to four levels from a tile in registers; seven levels need two, and odd sizes zero
-    extend at every level: each level must be bit for bit the reference's LL subband of the one before."""
+    """Odd sizes zero extend at every level: each level must be bit for bit the reference's LL subband of the one
+    before."""
     from wtconvnext.ops.reference import haar_analysis
     from wtconvnext.ops.triton_kernels import ll_pyramid
 

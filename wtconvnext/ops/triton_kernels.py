@@ -60,50 +60,32 @@ def _butterfly(p_top, p_bot, m_a, m_b, m_c, m_d, C: tl.constexpr, COMPUTE: tl.co
 
 
 @triton.jit
-def _pyramid_kernel(
-    src_ptr,  # (B, Hs, Ws, C) dense channels-last: x, or the coarsest level of a previous launch
-    out1_ptr, out2_ptr, out3_ptr, out4_ptr,  # level j of this launch: (B, ceil(Hs/2^j), ceil(Ws/2^j), C)
+def _ll_kernel(
+    src_ptr,  # (B, Hs, Ws, C) dense channels-last: the finer low-pass (x, or a previous level)
+    out_ptr,  # (B, Hc, Wc, C) dense channels-last, compute dtype
     Hs, Ws, TILES_N, TILES,
-    C: tl.constexpr, NLEV: tl.constexpr, TH: tl.constexpr, TW: tl.constexpr, BLOCK_C: tl.constexpr,
-    COMPUTE: tl.constexpr,
+    C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
 ):
-    """NLEV (1-4) low-pass levels of one TH x TW pixel tile in one pass: the tile is read once and each level is the
-    2x2 block sums / 2 of the one before, kept in registers (a reshape pairs each pixel with its neighbours).
-
-    Tiles are aligned to 2^NLEV pixels, so every block of every level lies inside one tile; pixels outside the map
-    load as zeros, which is the zero extension of odd sizes at every level.
-    """
     pid = tl.program_id(0)
     bidx = (pid // TILES).to(tl.int64)
     tile = pid % TILES
-    r = (tile // TILES_N) * TH + tl.arange(0, TH)[:, None, None]
-    q = (tile % TILES_N) * TW + tl.arange(0, TW)[None, :, None]
-    cc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, None, :]
-    cmask = cc < C
+    s = tl.arange(0, BLOCK_M * BLOCK_N)[:, None]
+    m = (tile // TILES_N) * BLOCK_M + s // BLOCK_N
+    n = (tile % TILES_N) * BLOCK_N + s % BLOCK_N
+    hc = (Hs + 1) // 2
+    wc = (Ws + 1) // 2
+    cc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+    inside = (m < hc) & (n < wc)
+    if C % BLOCK_C != 0:
+        inside = inside & (cc < C)
     row = Ws * C  # int32: offsets built from it are widened where they can pass 2^31
-    src = src_ptr + bidx * Hs * row + (r.to(tl.int64) * row + q * C) + cc
-    v = tl.load(src, mask=cmask & (r < Hs) & (q < Ws), other=0.0).to(COMPUTE)
-    h = Hs
-    w = Ws
-    for j in tl.static_range(1, NLEV + 1):
-        # (a + b) + (c + d) over each 2x2 block, horizontal pairs first: the order of the per-level kernels before.
-        # This level's tile is (TH >> j) x (TW >> j).
-        v = tl.sum(tl.reshape(v, (TH >> (j - 1), TW >> j, 2, BLOCK_C)), 2)
-        v = tl.sum(tl.reshape(v, (TH >> j, 2, TW >> j, BLOCK_C)), 1) * 0.5
-        h = (h + 1) // 2
-        w = (w + 1) // 2
-        rj = (tile // TILES_N) * (TH >> j) + tl.arange(0, TH >> j)[:, None, None]
-        qj = (tile % TILES_N) * (TW >> j) + tl.arange(0, TW >> j)[None, :, None]
-        if j == 1:
-            out = out1_ptr
-        elif j == 2:
-            out = out2_ptr
-        elif j == 3:
-            out = out3_ptr
-        else:
-            out = out4_ptr
-        dst = out + bidx * h * w * C + (rj.to(tl.int64) * w + qj) * C + cc
-        tl.store(dst, v.to(out.dtype.element_ty), mask=cmask & (rj < h) & (qj < w))
+    p_top = src_ptr + bidx * Hs * row + ((2 * m).to(tl.int64) * row + 2 * n * C) + cc
+    bot = 2 * m + 1 < Hs
+    right = 2 * n + 1 < Ws
+    s0, _, _, _ = _butterfly(p_top, p_top + row, inside, inside & right, inside & bot, inside & bot & right,
+                             C, COMPUTE)
+    off = bidx * hc * wc * C + (m.to(tl.int64) * wc + n) * C + cc
+    tl.store(out_ptr + off, s0 * 0.5, mask=inside)
 
 
 @triton.jit
@@ -546,39 +528,27 @@ def _block_c(ch: int, cap: int) -> int:
     return min(_pow2(ch), cap)
 
 
-# Levels per pyramid launch: a tile of 2^4 x 2^4 pixels already holds a few thousand values per program.
-_PYRAMID_LEVELS = 4
-
-
 def ll_pyramid(x: Tensor, levels: int) -> list[Tensor]:
     """[LL_0 = x, LL_1, ..., LL_{levels-1}]: the low-pass inputs of every level (channels-last, compute dtype).
 
-    One launch per four levels (usually one in all), each reading its source once.
+    One launch per level. (A single launch computing up to four levels from a tile in registers was tried: its
+    reshapes cost 7x the time of these launches on the H200; results/h200/summary_v5.md.)
     """
     _check_cl(x)
     pyr = [x]
     bsz, ch = x.shape[:2]
-    compute, acc = _compute_dtype(x.dtype), _acc_dtype(x.dtype)
-    while len(pyr) < levels:
+    for _ in range(1, levels):
         src = pyr[-1]
         hs, ws = src.shape[-2:]
-        nlev = min(levels - len(pyr), _PYRAMID_LEVELS)
-        outs = []
-        h, w = hs, ws
-        for _ in range(nlev):
-            h, w = (h + 1) // 2, (w + 1) // 2
-            outs.append(_empty_cl((bsz, ch, h, w), x, acc))
-        # Tiles of at least 2^nlev pixels a side (alignment), else up to 16 (less on small maps).
-        th = max(1 << nlev, min(_pow2(hs), 16))
-        tw = max(1 << nlev, min(_pow2(ws), 16))
-        bc = _block_c(ch, max(4096 // (th * tw), 1))
-        tiles_n = _cdiv(ws, tw)
-        tiles = _cdiv(hs, th) * tiles_n
-        _pyramid_kernel[(bsz * tiles, _cdiv(ch, bc))](
-            src, *outs, *outs[:1] * (4 - nlev), hs, ws, tiles_n, tiles,
-            C=ch, NLEV=nlev, TH=th, TW=tw, BLOCK_C=bc, COMPUTE=compute, num_warps=4,
+        hc, wc = (hs + 1) // 2, (ws + 1) // 2
+        out = _empty_cl((bsz, ch, hc, wc), x, _acc_dtype(x.dtype))
+        bm, bn, tiles_n, tiles = _pos_tiles(hc, wc, 16)
+        bc = _block_c(ch, 64)
+        _ll_kernel[(bsz * tiles, _cdiv(ch, bc))](
+            src, out, hs, ws, tiles_n, tiles,
+            C=ch, BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=_compute_dtype(x.dtype), num_warps=4,
         )
-        pyr.extend(outs)
+        pyr.append(out)
     return pyr
 
 
