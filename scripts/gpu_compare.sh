@@ -4,7 +4,8 @@
 #   bash scripts/gpu_compare.sh .scratch/base_tree OUTDIR [tests]
 # Writes to OUTDIR: both trees' op-file hashes and the versions, the kernel A/B (ab_kernels.py, this tree's
 # kernels vs the base tree's), per-layer kernel and wall times of both trees (profile_layer.py), the eager model
-# benchmark of both trees (bench_model.py --no-compile), and with "tests" the GPU suite of this tree first.
+# layer benchmark of both (bench_layer.py --quick: time and peak memory against cuDNN), the eager model benchmark
+# of both trees (bench_model.py --no-compile), and with "tests" the GPU suite of this tree first.
 # Each step has its own time limit (seconds; override with the environment variables named below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +36,13 @@ for tree in base current; do
   (cd "$dir" && timeout "${PROFILE_S:-90}" "$py" benchmarks/profile_layer.py --shapes 0 1 2 3 --dtypes bf16 fp32 --cl \
     --iters 20) > "$out/profile_$tree.txt" 2>&1
   grep "===\|wall\|total of" "$out/profile_$tree.txt" | paste - - -
+done
+for tree in base current; do
+  dir=.; [[ $tree == base ]] && dir="$base"
+  step "layer benchmark (time and peak memory vs cuDNN), $tree"
+  (cd "$dir" && timeout "${LAYER_S:-120}" "$py" benchmarks/bench_layer.py --quick --out "$out/layer_$tree.json") \
+    > "$out/layer_$tree.txt" 2>&1
+  grep "wtconv_triton_cl" "$out/layer_$tree.txt"
 done
 for tree in base current; do
   dir=.; [[ $tree == base ]] && dir="$base"
