@@ -3,9 +3,9 @@
 #   git archive main | tar -x -C .scratch/base_tree      # on the development machine; carry .scratch to the GPU
 #   bash scripts/gpu_compare.sh .scratch/base_tree OUTDIR [tests]
 # Writes to OUTDIR: both trees' op-file hashes and the versions, the kernel A/B (ab_kernels.py, this tree's
-# kernels vs the base tree's), per-layer kernel and wall times of both trees (profile_layer.py), the eager model
-# layer benchmark of both (bench_layer.py --quick: time and peak memory against cuDNN), the eager model benchmark
-# of both trees (bench_model.py --no-compile), and with "tests" the GPU suite of this tree first.
+# kernels vs the base tree's), per-layer kernel and wall times of both trees (profile_layer.py), the layer
+# benchmark of both (bench_layer.py --quick: time and peak memory against cuDNN), the eager model benchmark of both
+# (bench_model.py --no-compile), and with "tests" the GPU suite of this tree first.
 # Each step has its own time limit (seconds; override with the environment variables named below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
