@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 
 def _cases():
     import triton.language as tl
@@ -59,21 +57,12 @@ def _compile_all() -> int:
 
 
 def test_kernels_compile_for_sm90():
-    pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
-    if proc.returncode == 3:
-        pytest.skip(f"cannot build for sm_90 with this triton: {proc.stderr.strip()[-300:]}")
     assert proc.returncode == 0, proc.stderr[-6000:]
 
 
 if __name__ == "__main__":
-    try:
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-        from triton.compiler import ASTSource  # noqa: F401
-    except ImportError as e:
-        print(e, file=sys.stderr)
-        raise SystemExit(3)
     raise SystemExit(1 if _compile_all() else 0)
