@@ -28,7 +28,7 @@ def _cases():
             dict(C=96, K=5, STRIDE=stride, HAS_LEVEL=True, HAS_ACC=True, IS_LAST=last, HAS_BIAS=last, FLIP=flip,
                  BLOCK_M=4, BLOCK_N=4, BLOCK_C=32, COMPUTE=fp)
     for base in (True, False):
-        yield tk._wgrad_kernel, dict(xs_ptr=bf16, gs_ptr=bf16, part_ptr=f32, Hs=i32, Ws=i32, NPOS=i32, CHUNK=i32), \
+        yield tk._wgrad_kernel, dict(xs_ptr=bf16, gs_ptr=bf16, part_ptr=f32, Hs=i32, Ws=i32, ROWS=i32, ROWS_PER=i32), \
             dict(C=96, K=5, TP=32, BASE=base, BLOCK_S=1, BLOCK_C=64, COMPUTE=fp)
     params = dict(w_ptr=f32, b_ptr=f32, bs_ptr=f32, ww_ptr=f32, ws_ptr=f32)
     grads = dict(dw_ptr=f32, db_ptr=f32, dbs_ptr=f32, dww_ptr=f32, dws_ptr=f32)

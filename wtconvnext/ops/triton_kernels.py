@@ -242,16 +242,17 @@ def _wgrad_kernel(
     xs_ptr,  # (B, Hs, Ws, C) dense channels-last: LL_{i-1} of x (x itself for the base)
     gs_ptr,  # (B, Hs, Ws, C) dense channels-last: LL_{i-1} of dy (dy itself for the base)
     part_ptr,  # (CHUNKS, NSUB, TP, C) fp32 (fp64 for fp64 inputs): this program's partial correlations
-    Hs, Ws, NPOS, CHUNK,
+    Hs, Ws, ROWS, ROWS_PER,
     C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, BASE: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
 ):
-    """Correlations ``sum_q u_s[q + (ky - P, kx - P)] * g_s[q]`` over this program's CHUNK positions q.
+    """Correlations ``sum_q u_s[q + (ky - P, kx - P)] * g_s[q]`` over this program's ROWS_PER rows of positions q.
 
     Level (BASE false): u, g are the four Haar subbands of LL_{i-1} of x and dy at coarse positions. Base: u = x,
     g = dy at full resolution (one "subband"). All K*K taps are one tensor axis (padded to TP), so dy's butterfly
     is computed once per position for every tap, and the accumulators stay elementwise until one reduction over
-    the positions at the end. Each tap is a fixed offset from the position's pixel, computed once per program.
+    the positions at the end. A program walks whole rows of positions (b, m): the row's tap pointers and row masks
+    are set once per row, and a step along the row adds a constant to the pointers, with no index division.
     The base also sums dy in lane K*K (TP > K*K).
     """
     PAD: tl.constexpr = K // 2
@@ -273,48 +274,55 @@ def _wgrad_kernel(
     row = Ws * C  # int32: offsets built from it are widened where they can pass 2^31
     hm = (Hs + F - 1) // F
     wm = (Ws + F - 1) // F
-    hw = hm * wm
     tap_off = (F * oy) * row + (F * ox) * C + cc  # (TP, 1, C), loop-invariant
+    s = tl.arange(0, BLOCK_S)[None, :, None]  # (1, S, 1) positions along the row
     a0 = tl.zeros((TP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
     if not BASE:
         a1 = tl.zeros((TP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
         a2 = tl.zeros((TP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
         a3 = tl.zeros((TP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
-    start = chunk.to(tl.int64) * CHUNK
-    for off in range(0, CHUNK, BLOCK_S):
-        q = start + off + tl.arange(0, BLOCK_S)[None, :, None]  # (1, S, 1) flat positions over (b, m, n)
-        qmask = q < NPOS
-        bidx = q // hw
-        rem = (q - bidx * hw).to(tl.int32)
-        m = rem // wm
-        n = rem - m * wm
-        pos = bidx * Hs * row + ((F * m).to(tl.int64) * row + (F * n) * C)  # (1, S, 1) the position's pixel
-        mm = m + oy  # (TP, S, 1)
-        nn = n + ox
+    j0 = chunk * ROWS_PER
+    j1 = tl.minimum(j0 + ROWS_PER, ROWS)
+    for j in range(j0, j1):
+        bidx = j // hm
+        m = j - bidx * hm
+        rowbase = bidx.to(tl.int64) * Hs * row + (F * m).to(tl.int64) * row  # the row's first pixel
+        mm = m + oy  # (TP, 1, 1)
+        xrow = xs_ptr + rowbase + tap_off  # (TP, 1, C)
+        grow = gs_ptr + rowbase + cc  # (1, 1, C)
         if BASE:
-            g0 = tl.load(gs_ptr + pos + cc, mask=cmask & qmask, other=0.0).to(COMPUTE)
-            inside = qmask & (mm >= 0) & (mm < Hs) & (nn >= 0) & (nn < Ws)
-            # Lane K*K (beyond the taps) reads 1 and so sums dy: the bias gradient, without a pass of its own.
-            u0 = tl.load(xs_ptr + pos + tap_off, mask=tmask & inside, other=sum_lane).to(COMPUTE)
-            a0 += u0 * g0
+            rmask = tmask & (mm >= 0) & (mm < Hs)
         else:
-            gm = cmask & qmask
-            gbot = gm & (2 * m + 1 < Hs)
-            gright = 2 * n + 1 < Ws
-            gp = gs_ptr + pos + cc
-            g0, g1, g2, g3 = _butterfly(gp, gp + row, gm, gm & gright, gbot, gbot & gright, C, COMPUTE)
             r0 = 2 * mm
-            c0 = 2 * nn
-            top = tmask & qmask & (r0 >= 0) & (r0 < Hs)
-            bot = tmask & qmask & (r0 >= 0) & (r0 + 1 < Hs)
-            left = (c0 >= 0) & (c0 < Ws)
-            right = (c0 >= 0) & (c0 + 1 < Ws)
-            xp = xs_ptr + pos + tap_off
-            u0, u1, u2, u3 = _butterfly(xp, xp + row, top & left, top & right, bot & left, bot & right, C, COMPUTE)
-            a0 += u0 * g0
-            a1 += u1 * g1
-            a2 += u2 * g2
-            a3 += u3 * g3
+            top = tmask & (r0 >= 0) & (r0 < Hs)
+            bot = tmask & (r0 >= 0) & (r0 + 1 < Hs)
+            gbot = cmask & (2 * m + 1 < Hs)
+        for n0 in range(0, wm, BLOCK_S):
+            n = n0 + s  # (1, S, 1)
+            nok = n < wm
+            nn = n + ox  # (TP, S, 1)
+            if BASE:
+                g0 = tl.load(grow + n * C, mask=cmask & nok, other=0.0).to(COMPUTE)
+                # Lane K*K (beyond the taps) reads 1 and so sums dy: the bias gradient, without a pass of its own.
+                # Past the row's end (n >= wm) g is 0, so those lanes add nothing whatever u reads.
+                u0 = tl.load(xrow + n * C, mask=rmask & (nn >= 0) & (nn < Ws), other=sum_lane).to(COMPUTE)
+                a0 += u0 * g0
+            else:
+                gm = cmask & nok
+                gright = 2 * n + 1 < Ws
+                gp = grow + (2 * n) * C
+                g0, g1, g2, g3 = _butterfly(gp, gp + row, gm, gm & gright, gbot & nok, gbot & nok & gright,
+                                            C, COMPUTE)
+                c0 = 2 * nn
+                left = (c0 >= 0) & (c0 < Ws)
+                right = (c0 >= 0) & (c0 + 1 < Ws)
+                xp = xrow + (2 * n) * C
+                u0, u1, u2, u3 = _butterfly(xp, xp + row, top & left, top & right, bot & left, bot & right,
+                                            C, COMPUTE)
+                a0 += u0 * g0
+                a1 += u1 * g1
+                a2 += u2 * g2
+                a3 += u3 * g3
     # One reduction over the positions at the end; rows of the partial buffer are (chunk, subband, tap).
     t2 = tl.arange(0, TP)[:, None]
     c2 = cb * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
@@ -632,11 +640,13 @@ def _correlate(xs: Tensor, gs: Tensor, k: int, base: bool, out: Tensor) -> None:
     # (NSUB x TP x channels, fp32) costs memory and traffic, which on small maps outweighs its input. The chunk
     # length depends on the shape only (bitwise reproducible).
     chunks = max(1, min(_cdiv(npos, max(bs, TUNING["wgrad_min_chunk"])), TUNING["wgrad_programs"] // cblocks))
-    chunk = _cdiv(_cdiv(npos, chunks), bs) * bs
-    chunks = _cdiv(npos, chunk)
+    # Programs take whole rows of positions (no index division per step): as many rows each as spreads them evenly.
+    rows = bsz * hm
+    rows_per = _cdiv(rows, chunks)
+    chunks = _cdiv(rows, rows_per)
     part = torch.empty((chunks, nsub, tp, ch), device=xs.device, dtype=out.dtype)
     _wgrad_kernel[(chunks, cblocks)](
-        xs, gs, part, hs, ws, npos, chunk,
+        xs, gs, part, hs, ws, rows, rows_per,
         C=ch, K=k, TP=tp, BASE=base, BLOCK_S=bs, BLOCK_C=bc, COMPUTE=_compute_dtype(xs.dtype),
         num_warps=TUNING["wgrad_warps"],
     )
