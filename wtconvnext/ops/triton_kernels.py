@@ -469,7 +469,9 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 # 4 warps was the fastest forward on stages 1-3 (stage 4: 0.233 vs 0.193 ms with 64 channels). Weight gradients
 # (all taps on one axis): 1 position x 64 channels was the fastest of 14 shapes on every stage, bf16 and fp32
 # (results/h200/wgrad_taps_v3.txt); 1024 programs of at least 16 positions the fastest bf16 total of 8 splits, with
-# 32 MB of partials at most instead of 144 MB for 2048 programs (results/h200/wgrad_chunks_v4.txt).
+# 32 MB of partials at most instead of 144 MB for 2048 programs (results/h200/wgrad_chunks_v4.txt). Row-walking
+# weight-gradient kernel (results/h200/s11/tune_rows.txt, bf16): 1 position per step still the fastest of 1, 2, 4;
+# 64 channels on stages 2-3, and C = 96 in blocks of 32 (see _block_c).
 TUNING: dict[str, int] = {
     "fwd_positions": 16, "fwd_block_c": 32, "fwd_warps": 4,
     "wgrad_positions": 1, "wgrad_block_c": 64, "wgrad_warps": 4, "wgrad_programs": 1024,
@@ -533,7 +535,14 @@ def _pos_tiles(hc: int, wc: int, positions: int) -> tuple[int, int, int, int]:
 
 
 def _block_c(ch: int, cap: int) -> int:
-    return min(_pow2(ch), cap)
+    """Channels per program: the power of two up to ``cap`` (at least 32) that pads C least, the larger on a tie.
+
+    C = 96 takes 32 (three full blocks) rather than 64 (a fourth of the lanes idle): on the H200 the weight
+    gradients of the stage-1 shape ran 1.15 vs 1.44 ms (results/h200/s11/tune_rows.txt)."""
+    if ch <= cap:
+        return _pow2(ch)
+    sizes = [cap >> i for i in range(cap.bit_length()) if cap >> i >= min(32, cap)]
+    return min(sizes, key=lambda b: (_cdiv(ch, b) * b, -b))
 
 
 def ll_pyramid(x: Tensor, levels: int) -> list[Tensor]:
