@@ -1,8 +1,11 @@
-"""The kernel A/B script runs end to end (on the CPU under Triton's interpreter, on one small shape)."""
+"""The kernel A/B script runs end to end (on the CPU under Triton's interpreter, on one small shape); the SASS
+instruction counter reads real sm_90 machine code."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,3 +31,20 @@ def test_ab_kernels_against_itself(tmp_path: Path) -> None:
 def test_ab_kernels_rejects_a_missing_baseline(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no such file"):
         ab_kernels.main(["--baseline", str(tmp_path / "nope.py"), "--device", "cpu", "--check"])
+
+
+def test_sass_stats_counts_the_loops_of_real_machine_code(tmp_path: Path) -> None:
+    # A subprocess: the script compiles for sm_90, which the interpreter (set for the CPU tests) cannot.
+    out = tmp_path / "sass.json"
+    script = Path(ab_kernels.__file__).with_name("sass_stats.py")
+    proc = subprocess.run([sys.executable, str(script), "--kernels", "wgrad_base", "wgrad_level1", "--channels", "128",
+                           "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = {r["kernel"]: r for r in json.loads(out.read_text())["rows"]}
+    base = [lp for lp in rows["wgrad_base"]["loops"] if not lp["contains"]]
+    level = [lp for lp in rows["wgrad_level1"]["loops"] if not lp["contains"]]
+    assert base and level and rows["wgrad_base"]["registers"]
+    # The base correlates raw pixels (FMAs, no adds); a level recomputes both Haar butterflies (8 adds per 4 FMAs
+    # for x's taps, plus dy's), and every loop loads.
+    assert all(lp["ops"].get("FFMA", 0) > 0 and "FADD" not in lp["ops"] and lp["ops"].get("LDG", 0) > 0 for lp in base)
+    assert all(lp["ops"].get("FADD", 0) >= 2 * lp["ops"].get("FFMA", 0) > 0 for lp in level)

@@ -1,0 +1,138 @@
+"""Instruction counts of the fused kernels' inner loops, from their sm_90 machine code, on any machine (no GPU).
+
+    python benchmarks/sass_stats.py [--kernels wgrad_base fwd_finest ...] [--channels 96] [--json out.json]
+
+Compiles each kernel for Hopper in the specialisation the launchers use for a bf16 (or ``--dtype fp32``) layer
+with C channels (today's ``TUNING`` launch shapes, pointers 16-byte aligned as allocations are), disassembles the
+cubin with the ``nvdisasm`` that ships with triton, and prints, for every loop (a backward branch), how many
+instructions its body has and how many of them are FMAs, adds and loads, plus the registers per thread. The kernels
+are instruction-issue bound, so instructions per FMA of a loop body is what a change to a kernel should lower;
+timing stays with ``ab_kernels.py`` on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import write_json  # noqa: E402
+
+KERNELS = ["fwd_finest", "fwd_coarse", "dx_finest", "wgrad_base", "wgrad_level1", "wgrad_level_fp32"]
+_INSTR = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[.\s]")
+_BRANCH = re.compile(r"BRA\s+`?\((\.L_x_\d+)\)")
+
+
+def _case(name: str, ch: int, dtype: str):
+    import triton.language as tl
+
+    from wtconvnext.ops import triton_kernels as tk
+
+    x = "*bf16" if dtype == "bf16" else "*fp32"
+    f32, i32, fp = "*fp32", "i32", tl.float32
+    tun = tk.TUNING
+    if name.startswith(("fwd", "dx")):
+        finest = name.endswith("finest")
+        sig = dict(src_ptr=x if finest else f32, acc_ptr=f32, out_ptr=x if finest else f32, lw_ptr=f32, bw_ptr=f32,
+                   bb_ptr=f32, Hs=i32, Ws=i32, TILES_N=i32, TILES=i32)
+        bm, bn = tk._pos_tiles(1 << 10, 1 << 10, tun["fwd_positions"])[:2]
+        const = dict(C=ch, K=5, STRIDE=1, HAS_LEVEL=True, HAS_ACC=True, IS_LAST=finest,
+                     HAS_BIAS=finest and name.startswith("fwd"), FLIP=name.startswith("dx"), BLOCK_M=bm, BLOCK_N=bn,
+                     BLOCK_C=tk._block_c(ch, tun["fwd_block_c"]), COMPUTE=fp)
+        return tk._level_fwd_kernel, sig, const, tun["fwd_warps"]
+    src = f32 if name == "wgrad_level_fp32" else x
+    sig = dict(xs_ptr=src, gs_ptr=src, part_ptr=f32, Hs=i32, Ws=i32, ROWS=i32, ROWS_PER=i32)
+    const = dict(C=ch, K=5, TP=32, BASE=name == "wgrad_base", BLOCK_S=tun["wgrad_positions"],
+                 BLOCK_C=tk._block_c(ch, tun["wgrad_block_c"]), COMPUTE=fp)
+    return tk._wgrad_kernel, sig, const, tun["wgrad_warps"]
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    found = str(bundled) if bundled.is_file() else shutil.which(name)
+    if not found:
+        raise SystemExit(f"{name} not found (neither in triton's backends/nvidia/bin nor on PATH)")
+    return found
+
+
+def loops(sass: str) -> list[dict]:
+    """One row per loop of a disassembly (a backward branch): its label, the labels of the loops nested in it (whose
+    bodies its count includes once), its instruction count and opcode histogram."""
+    lines = sass.splitlines()
+    labels = {ln.strip()[:-1]: i for i, ln in enumerate(lines) if re.fullmatch(r"\s*\.L_x_\d+:", ln)}
+    spans = []
+    for i, ln in enumerate(lines):
+        m = _BRANCH.search(ln)
+        if m and labels.get(m.group(1), i) < i:
+            spans.append((m.group(1), labels[m.group(1)], i))
+    rows = []
+    for label, start, end in spans:
+        ops = collections.Counter(o.group(1) for o in map(_INSTR.match, lines[start:end + 1]) if o)
+        if sum(ops.values()) <= 1:  # the branch-to-itself that ends the code
+            continue
+        inner = [lb for lb, s0, e0 in spans if start <= s0 and e0 <= end and (s0, e0) != (start, end)]
+        rows.append(dict(label=label, contains=inner, instructions=sum(ops.values()), ops=dict(ops.most_common())))
+    return rows
+
+
+def analyse(name: str, ch: int, dtype: str) -> dict:
+    """Compile one kernel for sm_90, disassemble it and count its loops' instructions."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn, sig, const, warps = _case(name, ch, dtype)
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items() if t.startswith("*")}
+    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in const}}, constexprs=const, attrs=attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / f"{name}.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        sass = subprocess.run([_tool("nvdisasm"), "-c", str(cubin)], check=True, capture_output=True, text=True).stdout
+        res = subprocess.run([_tool("cuobjdump"), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
+    regs = re.search(r"REG:(\d+)", res)
+    return dict(kernel=name, channels=ch, dtype=dtype, registers=int(regs.group(1)) if regs else None,
+                constexprs={k: str(v) for k, v in const.items()}, loops=loops(sass))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", nargs="+", default=KERNELS, choices=KERNELS)
+    ap.add_argument("--channels", type=int, default=96)
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--json", default=None, help="write the rows here")
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET"):
+        # The interpreter's decorators cannot compile: run again without it.
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        return subprocess.run([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:])], env=env).returncode
+    rows = [analyse(k, args.channels, args.dtype) for k in args.kernels]
+    print(f"sm_90 SASS, {args.dtype}, C={args.channels}: loop bodies (instructions per iteration of each loop)")
+    print("(an outer loop's count includes the bodies of the loops nested in it, named after '>')")
+    print(f"{'kernel':18} {'regs':>4}  {'loop':20} {'instr':>6} {'FFMA':>5} {'FADD':>5} {'LDG':>4} {'instr/FFMA':>10}  top")
+    for r in rows:
+        for lp in r["loops"]:
+            ops = lp["ops"]
+            ffma = ops.get("FFMA", 0)
+            per = f"{lp['instructions'] / ffma:.1f}" if ffma else "-"
+            top = " ".join(f"{k}:{v}" for k, v in list(ops.items())[:6])
+            name = lp["label"] + (">" + ",".join(lp["contains"]) if lp["contains"] else "")
+            print(f"{r['kernel']:18} {r['registers'] or '?':>4}  {name:20} {lp['instructions']:>6} {ffma:>5} "
+                  f"{ops.get('FADD', 0):>5} {ops.get('LDG', 0):>4} {per:>10}  {top}")
+    if args.json:
+        write_json(args.json, dict(rows=rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
