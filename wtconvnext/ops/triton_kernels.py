@@ -26,6 +26,7 @@ within a position are 32-bit.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -534,6 +535,7 @@ def _pos_tiles(hc: int, wc: int, positions: int) -> tuple[int, int, int, int]:
     return bm, bn, tiles_n, _cdiv(hc, bm) * tiles_n
 
 
+@functools.cache  # called on every launch; a handful of (C, cap) pairs per model
 def _block_c(ch: int, cap: int) -> int:
     """Channels per program: the power of two up to ``cap`` (at least 32) that pads C least, the larger on a tie.
 
