@@ -373,6 +373,14 @@ def _store_grad(ptr, offs, val, mask, ROUND: tl.constexpr):
 
 
 @triton.jit
+def _group_tile(C: tl.constexpr, KK: tl.constexpr, TP: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's group (axis 1: 0 the base, i level i), taps (TP, 1), channels (BLOCK_C,) and their masks."""
+    t = tl.arange(0, TP)[:, None]
+    c1 = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    return tl.program_id(1), t, c1, c1 < C, (t < KK) & (c1[None, :] < C)
+
+
+@triton.jit
 def _fold_kernel(
     w_ptr, b_ptr, bs_ptr, ww_ptr, ws_ptr,  # the layer's parameters, contiguous, in their own dtype
     bw_ptr,  # (K, K, C): weight * base_scale
@@ -384,12 +392,8 @@ def _fold_kernel(
     """The kernels' weights, one program per channel block and group (0: base, i: level i), from the parameters'
     (C, ..., K, K) layouts to taps-major, channels-contiguous ones."""
     KK: tl.constexpr = K * K
-    g = tl.program_id(1)
-    t = tl.arange(0, TP)[:, None]
-    c1 = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    g, t, c1, cm1, tm = _group_tile(C, KK, TP, BLOCK_C)
     cc = c1[None, :]
-    cm1 = c1 < C
-    tm = (t < KK) & (cc < C)
     if g == 0:
         bs = _param(bs_ptr, c1, cm1, ROUND, COMPUTE)
         w = _param(w_ptr, cc * KK + t, tm, ROUND, COMPUTE)
@@ -418,12 +422,8 @@ def _param_grads_kernel(
     ``d W = scale * corr``, ``d scale = sum_taps W * corr`` (+ ``bias * sum dy`` for base_scale),
     ``d bias = base_scale * sum dy``."""
     KK: tl.constexpr = K * K
-    g = tl.program_id(1)
-    t = tl.arange(0, TP)[:, None]
-    c1 = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    g, t, c1, cm1, tm = _group_tile(C, KK, TP, BLOCK_C)
     cc = c1[None, :]
-    cm1 = c1 < C
-    tm = (t < KK) & (cc < C)
     if g == 0:
         corr = tl.load(corr_ptr + t * C + cc, mask=tm, other=0.0).to(COMPUTE)
         dsum = tl.load(corr_ptr + KK * C + c1, mask=cm1, other=0.0).to(COMPUTE)
