@@ -326,3 +326,60 @@ def test_tuning_file(tmp_path, monkeypatch):
     monkeypatch.setenv("WTCONVNEXT_TUNING", str(tmp_path / "missing.json"))
     with pytest.raises(RuntimeError, match="cannot read"):
         tk._tuning_from_env()
+
+
+class _FakeCompiled:
+    """Stands in for what Triton's JIT launch returns: a compiled kernel with its own launcher."""
+
+    run = function = packed_metadata = None
+
+    def __init__(self, log: list):
+        self.log = log
+
+    def __getitem__(self, grid):
+        return lambda *args: self.log.append(("compiled", grid, args))
+
+
+class _FakeJit:
+    """Stands in for a ``@triton.jit`` kernel (x, n, then constexprs C, BLOCK), recording how it is launched."""
+
+    arg_names = ["x", "n", "C", "BLOCK"]
+    __name__ = "fake"
+
+    def __init__(self):
+        self.log: list = []
+
+    def __getitem__(self, grid):
+        def run(*args, num_warps, **consts):
+            self.log.append(("jit", grid, args, consts, num_warps))
+            return _FakeCompiled(self.log)
+        return run
+
+
+def test_fast_launch_keys_on_triton_specialization(monkeypatch):
+    """After the first JIT launch, the compiled kernel is reused only while every argument specializes the same way
+    (dtype, 16-byte alignment, int == 1 / % 16 / 32-bit range, constexprs, warps), with all parameters in order."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    monkeypatch.setattr(tk, "_FAST_LAUNCH", True)
+    monkeypatch.setattr(tk, "_COMPILED", {})
+    monkeypatch.setattr(tk, "_device_index", lambda: 0)
+    fn = _FakeJit()
+    buf = torch.zeros(64)
+
+    def launch(x, n, warps=4, block=32):
+        fn.log.clear()
+        tk._launch(fn, (3, 2), (x, n), warps, BLOCK=block, C=96)  # constexprs out of order on purpose
+        return fn.log[0][0], fn.log[0]
+
+    assert launch(buf, 32)[0] == "jit"
+    kind, call = launch(buf, 48)  # same specialization: the compiled launcher, constexprs in parameter order
+    assert kind == "compiled" and call[1] == (3, 2, 1) and call[2] == (buf, 48, 96, 32)
+    assert launch(buf[1:], 48)[0] == "jit"  # 4 bytes off 16-byte alignment
+    assert launch(buf[4:], 48)[0] == "compiled"  # 16 bytes off: aligned like buf
+    assert launch(buf.double(), 48)[0] == "jit"  # dtype
+    for n in (1, 33, 2**31):  # == 1, not a multiple of 16, past int32
+        assert launch(buf, n)[0] == "jit" and launch(buf, n)[0] == "compiled"
+    assert launch(buf, 32, warps=8)[0] == "jit" and launch(buf, 32, block=64)[0] == "jit"
+    with pytest.raises(TypeError, match="constexprs"):
+        tk._launch(fn, (1, 1), (buf, 32), 4, C=96)

@@ -471,11 +471,13 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 # (all taps on one axis): 1 position x 64 channels was the fastest of 14 shapes on every stage, bf16 and fp32
 # (results/h200/wgrad_taps_v3.txt); 1024 programs of at least 16 positions the fastest bf16 total of 8 splits, with
 # 32 MB of partials at most instead of 144 MB for 2048 programs (results/h200/wgrad_chunks_v4.txt). Row-walking
-# weight-gradient kernel (results/h200/s11/tune_rows.txt, bf16): 1 position per step still the fastest of 1, 2, 4;
-# 64 channels on stages 2-3, and C = 96 in blocks of 32 (see _block_c).
+# weight-gradient kernel (results/h200/s11/tune_rows.txt, bf16): 1 position per step still the fastest of 1, 2, 4.
+# Its channel block, 32 vs 64, with 2 or 4 warps (results/h200/s12/tune_warps.txt): 32 channels and 4 warps took
+# 4.80 ms over the four stages in bf16 and fp32 against 5.16 for 64 on stages 2-4 (bf16 stage 4 0.21 vs 0.32 ms;
+# at most 5 % slower, bf16 stage 3), with half the partials' memory; 2 warps was slower on 7 of 8.
 TUNING: dict[str, int] = {
     "fwd_positions": 16, "fwd_block_c": 32, "fwd_warps": 4,
-    "wgrad_positions": 1, "wgrad_block_c": 64, "wgrad_warps": 4, "wgrad_programs": 1024,
+    "wgrad_positions": 1, "wgrad_block_c": 32, "wgrad_warps": 4, "wgrad_programs": 1024,
     "wgrad_min_chunk": 16,
 }
 
@@ -511,6 +513,61 @@ def _cdiv(a: int, b: int) -> int:
 
 def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
+
+
+# Launch path. ``kernel[grid](...)`` re-derives the kernel's specialization from every argument on every call
+# (binder, cache key, option parsing, global-variable checks); on the H200 host that dispatch was ~40 % of a stage-4
+# layer's host time (results/h200/s11/profile_host_stage4.txt), and a layer launches 15-36 kernels per step. After
+# a kernel's first call through Triton, the compiled kernel is kept under a key that determines its specialization
+# as Triton derives it (tensor dtype and 16-byte alignment; int == 1, divisible by 16, 32-bit range; constexprs;
+# warps; device) and is launched through its own launcher (``CompiledKernel[grid]``, the same call Triton makes).
+# WTCONVNEXT_FAST_LAUNCH=0 (read at import) keeps every launch on Triton's path.
+_FAST_LAUNCH = os.environ.get("WTCONVNEXT_FAST_LAUNCH", "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
+_COMPILED: dict[tuple, object] = {}
+_CONST_NAMES: dict[object, tuple[str, ...]] = {}
+
+
+def _spec(a: object) -> object:
+    """What Triton specializes an argument on (a finer key is harmless, a coarser one would not be)."""
+    if isinstance(a, Tensor):
+        return a.dtype, a.data_ptr() % 16 == 0
+    if isinstance(a, int):
+        return a == 1, a % 16 == 0, -(2**31) <= a < 2**31
+    return a
+
+
+def _device_index() -> int:
+    # The device Triton's launch uses (its kernel cache is per device; so is a compiled kernel's handle).
+    return triton.runtime.driver.active.get_current_device()
+
+
+def _launch(fn, grid: tuple[int, int], args: tuple, warps: int, **consts: object) -> None:
+    """``fn[grid](*args, **consts, num_warps=warps)``: runtime arguments positional (the kernel's leading
+    parameters), constexprs by name."""
+    global _FAST_LAUNCH
+    if not _FAST_LAUNCH:
+        fn[grid](*args, **consts, num_warps=warps)
+        return
+    names = _CONST_NAMES.get(fn)
+    if names is None:
+        # The compiled launcher takes every parameter in order: runtime ones, then the constexprs.
+        names = _CONST_NAMES[fn] = tuple(fn.arg_names[len(args):])
+    try:
+        if len(consts) != len(names):
+            raise KeyError
+        cvals = tuple(consts[n] for n in names)
+    except KeyError:
+        raise TypeError(f"{fn.__name__}: launch passes constexprs {sorted(consts)}, kernel has {sorted(names)}") from None
+    key = (fn, _device_index(), warps, cvals, *map(_spec, args))
+    kernel = _COMPILED.get(key)
+    if kernel is None:
+        kernel = fn[grid](*args, **consts, num_warps=warps)
+        if all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata", "__getitem__")):
+            _COMPILED[key] = kernel
+        else:  # a Triton whose JIT launch returns something else: stay on its path
+            _FAST_LAUNCH = False
+        return
+    kernel[(grid[0], grid[1], 1)](*args, *cvals)
 
 
 def _empty_cl(shape: tuple[int, int, int, int], like: Tensor, dtype: torch.dtype) -> Tensor:
@@ -563,9 +620,9 @@ def ll_pyramid(x: Tensor, levels: int) -> list[Tensor]:
         out = _empty_cl((bsz, ch, hc, wc), x, _acc_dtype(x.dtype))
         bm, bn, tiles_n, tiles = _pos_tiles(hc, wc, 16)
         bc = _block_c(ch, 64)
-        _ll_kernel[(bsz * tiles, _cdiv(ch, bc))](
-            src, out, hs, ws, tiles_n, tiles,
-            C=ch, BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=_compute_dtype(x.dtype), num_warps=4,
+        _launch(
+            _ll_kernel, (bsz * tiles, _cdiv(ch, bc)), (src, out, hs, ws, tiles_n, tiles), 4,
+            C=ch, BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=_compute_dtype(x.dtype),
         )
         pyr.append(out)
     return pyr
@@ -590,11 +647,12 @@ def folded_weights(
     lev = torch.empty((levels, 4, k, k, ch), device=dev, dtype=acc)
     bc = _block_c(ch, 64)
     # The Haar 1/2 of the analysis butterfly goes into the level kernels (exact: a power of two).
-    _fold_kernel[(_cdiv(ch, bc), levels + 1)](
-        weight.contiguous(), base if bias is None else bias.contiguous(), base_scale.contiguous(),
-        wavelet_weight.contiguous(), wavelet_scale.contiguous(), base, base if fb is None else fb, lev,
+    _launch(
+        _fold_kernel, (_cdiv(ch, bc), levels + 1),
+        (weight.contiguous(), base if bias is None else bias.contiguous(), base_scale.contiguous(),
+         wavelet_weight.contiguous(), wavelet_scale.contiguous(), base, base if fb is None else fb, lev), 4,
         C=ch, K=k, TP=_pow2(k * k), HAS_BIAS=bias is not None, BLOCK_C=bc, COMPUTE=_compute_dtype(acc),
-        ROUND=_tl_dtype(round_to), num_warps=4,
+        ROUND=_tl_dtype(round_to),
     )
     return base, fb, lev
 
@@ -624,12 +682,13 @@ def wtconv_forward(
         dst = out if last else _empty_cl((bsz, ch, hs, ws), x, _acc_dtype(x.dtype))
         bm, bn, tiles_n, tiles = _pos_tiles(hc, wc, TUNING["fwd_positions"])
         aux = acc if acc is not None else dst
-        _level_fwd_kernel[(bsz * tiles, _cdiv(ch, bc))](
-            src, aux, dst, level_w[i - 1] if levels else base_w, base_w, base_b if base_b is not None else base_w,
-            hs, ws, tiles_n, tiles,
+        _launch(
+            _level_fwd_kernel, (bsz * tiles, _cdiv(ch, bc)),
+            (src, aux, dst, level_w[i - 1] if levels else base_w, base_w, base_b if base_b is not None else base_w,
+             hs, ws, tiles_n, tiles), TUNING["fwd_warps"],
             C=ch, K=k, STRIDE=stride if last else 1,
             HAS_LEVEL=levels > 0, HAS_ACC=acc is not None, IS_LAST=last, HAS_BIAS=base_b is not None, FLIP=flip,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=compute, num_warps=TUNING["fwd_warps"],
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=compute,
         )
         acc = dst
     return out
@@ -656,10 +715,9 @@ def _correlate(xs: Tensor, gs: Tensor, k: int, base: bool, out: Tensor) -> None:
     rows_per = _cdiv(rows, chunks)
     chunks = _cdiv(rows, rows_per)
     part = torch.empty((chunks, nsub, tp, ch), device=xs.device, dtype=out.dtype)
-    _wgrad_kernel[(chunks, cblocks)](
-        xs, gs, part, hs, ws, rows, rows_per,
+    _launch(
+        _wgrad_kernel, (chunks, cblocks), (xs, gs, part, hs, ws, rows, rows_per), TUNING["wgrad_warps"],
         C=ch, K=k, TP=tp, BASE=base, BLOCK_S=bs, BLOCK_C=bc, COMPUTE=_compute_dtype(xs.dtype),
-        num_warps=TUNING["wgrad_warps"],
     )
     torch.sum(part, 0, out=out)  # fixed-order sum over the chunks (no atomics)
 
@@ -673,7 +731,7 @@ def correlations(xpyr: list[Tensor], gpyr: list[Tensor], k: int, levels: int) ->
     and of dy at level i's resolution. Unused rows are left unwritten.
     """
     _check_cl(*xpyr, *gpyr)
-    bsz, ch = xpyr[0].shape[:2]
+    ch = xpyr[0].shape[1]
     corr = torch.empty((levels + 1, 4, _pow2(k * k + 1), ch), device=xpyr[0].device, dtype=_acc_dtype(xpyr[0].dtype))
     _correlate(xpyr[0], gpyr[0], k, True, corr[0, :1])
     for i in range(levels):
@@ -708,10 +766,11 @@ def param_grads(
     d_ww = torch.empty_like(wavelet_weight)
     d_ws = torch.empty_like(wavelet_scale)
     bc = _block_c(ch, 64)
-    _param_grads_kernel[(_cdiv(ch, bc), levels + 1)](
-        corr, weight, bias if bias is not None else base_scale, base_scale, wavelet_weight, wavelet_scale,
-        d_weight, d_bias, d_base_scale, d_ww, d_ws,
+    _launch(
+        _param_grads_kernel, (_cdiv(ch, bc), levels + 1),
+        (corr, weight, bias if bias is not None else base_scale, base_scale, wavelet_weight, wavelet_scale,
+         d_weight, d_bias, d_base_scale, d_ww, d_ws), 4,
         C=ch, K=k, TP=corr.shape[2], HAS_BIAS=bias is not None, BLOCK_C=bc, COMPUTE=_compute_dtype(corr.dtype),
-        ROUND=_tl_dtype(round_to), num_warps=4,
+        ROUND=_tl_dtype(round_to),
     )
     return d_weight, d_bias, d_base_scale, d_ww, d_ws

@@ -1,0 +1,100 @@
+"""Host time of one WTConv layer call (forward + backward), with Triton's launch path and with the kept kernels.
+
+Usage (any CUDA GPU)::
+
+    python benchmarks/host_overhead.py [--out results/host.json] [--iters 300] [--rounds 7]
+
+At B=1 every kernel finishes in microseconds, so the wall time of an iteration is the host's: Python, torch's
+allocations and autograd, and the kernel launches. For each WTConvNeXt-T stage shape (channels_last, bf16) it
+times forward + backward of the fused WTConv with every launch through ``kernel[grid](...)`` ("triton") and through
+the compiled kernels kept after their first launch ("kept", the default; ``_launch`` in
+``wtconvnext/ops/triton_kernels.py``), in alternating rounds so that drifts of the host hit both alike, and cuDNN's
+depthwise 7x7 for scale. Prints the median per iteration and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_layer import SHAPES  # noqa: E402
+from benchmarks.common import gpu_env, write_json, wtconv_inputs  # noqa: E402
+from wtconvnext.ops import triton_kernels as tk  # noqa: E402
+from wtconvnext.ops import wtconv2d  # noqa: E402
+
+
+def _wall_us(fn, iters: int) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / iters * 1e6
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="results/host.json")
+    ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("host_overhead.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    cl = torch.channels_last
+    rows = []
+    for _, c, h, w, levels in SHAPES[:4]:
+        x, dy, p = wtconv_inputs(1, c, h, w, levels, torch.bfloat16)
+        x = x.contiguous(memory_format=cl).requires_grad_()
+        dy = dy.contiguous(memory_format=cl)
+        ps = [t.detach().requires_grad_() for t in p]
+        w7 = (torch.randn(c, 1, 7, 7, device="cuda") * 0.1).to(torch.bfloat16).requires_grad_()
+
+        def wt():
+            torch.autograd.grad(wtconv2d(x, *ps), [x, *ps], dy)
+
+        def dw7():
+            torch.autograd.grad(F.conv2d(x, w7, padding=3, groups=c), [x, w7], dy)
+
+        fast_default = tk._FAST_LAUNCH
+        times: dict[str, list[float]] = {"triton": [], "kept": [], "dw7": []}
+        try:
+            for mode in ("triton", "kept"):  # compile / fill the caches outside the timing
+                tk._FAST_LAUNCH = mode == "kept"
+                wt()
+                wt()
+            dw7()
+            for _ in range(args.rounds):
+                for mode in ("triton", "kept"):
+                    tk._FAST_LAUNCH = mode == "kept"
+                    times[mode].append(_wall_us(wt, args.iters))
+                times["dw7"].append(_wall_us(dw7, args.iters))
+        finally:
+            tk._FAST_LAUNCH = fast_default
+        med = {k: statistics.median(v) for k, v in times.items()}
+        rows.append(dict(C=c, H=h, W=w, levels=levels, dtype="bf16", B=1, iters=args.iters, rounds=args.rounds,
+                         triton_us=med["triton"], kept_us=med["kept"], dw7_us=med["dw7"],
+                         samples={k: v for k, v in times.items()}))
+    env = gpu_env()
+    print(f"# {env}")
+    hdr = f"{'C, H, L':14} {'triton launch us':>17} {'kept kernels us':>16} {'saved':>7} {'dw7 us':>8} {'kept/dw7':>9}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['triton_us']:17.1f} {r['kept_us']:16.1f} "
+              f"{1 - r['kept_us'] / r['triton_us']:7.1%} {r['dw7_us']:8.1f} {r['kept_us'] / r['dw7_us']:9.2f}")
+    print("median wall per forward + backward, B=1 bf16 channels_last (host-bound)")
+    write_json(args.out, dict(env=env, rows=rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
