@@ -358,7 +358,7 @@ class _FakeJit:
 
 def test_fast_launch_keys_on_triton_specialization(monkeypatch):
     """After the first JIT launch, the compiled kernel is reused only while every argument specializes the same way
-    (dtype, 16-byte alignment, int == 1 / % 16 / 32-bit range, constexprs, warps), with all parameters in order."""
+    (dtype, 16-byte alignment, int value, constexprs, warps), with all parameters in order."""
     from wtconvnext.ops import triton_kernels as tk
 
     monkeypatch.setattr(tk, "_FAST_LAUNCH", True)
@@ -373,13 +373,15 @@ def test_fast_launch_keys_on_triton_specialization(monkeypatch):
         return fn.log[0][0], fn.log[0]
 
     assert launch(buf, 32)[0] == "jit"
-    kind, call = launch(buf, 48)  # same specialization: the compiled launcher, constexprs in parameter order
-    assert kind == "compiled" and call[1] == (3, 2, 1) and call[2] == (buf, 48, 96, 32)
-    assert launch(buf[1:], 48)[0] == "jit"  # 4 bytes off 16-byte alignment
-    assert launch(buf[4:], 48)[0] == "compiled"  # 16 bytes off: aligned like buf
-    assert launch(buf.double(), 48)[0] == "jit"  # dtype
-    for n in (1, 33, 2**31):  # == 1, not a multiple of 16, past int32
+    kind, call = launch(buf, 32)  # same specialization: the compiled launcher, constexprs in parameter order
+    assert kind == "compiled" and call[1] == (3, 2, 1) and call[2] == (buf, 32, 96, 32)
+    assert launch(buf[1:], 32)[0] == "jit"  # 4 bytes off 16-byte alignment
+    assert launch(buf[4:], 32)[0] == "compiled"  # 16 bytes off: aligned like buf
+    assert launch(buf.double(), 32)[0] == "jit"  # dtype
+    for n in (1, 33, 48, 2**31):  # == 1, not a multiple of 16, another multiple of 16, past int32
         assert launch(buf, n)[0] == "jit" and launch(buf, n)[0] == "compiled"
     assert launch(buf, 32, warps=8)[0] == "jit" and launch(buf, 32, block=64)[0] == "jit"
     with pytest.raises(TypeError, match="constexprs"):
         tk._launch(fn, (1, 1), (buf, 32), 4, C=96)
+    monkeypatch.setattr(tk, "_MAX_KEPT", len(tk._COMPILED))  # a full cache launches through Triton
+    assert launch(buf, 64)[0] == "jit" and launch(buf, 64)[0] == "jit"

@@ -516,24 +516,17 @@ def _pow2(n: int) -> int:
 
 
 # Launch path. ``kernel[grid](...)`` re-derives the kernel's specialization from every argument on every call
-# (binder, cache key, option parsing, global-variable checks); on the H200 host that dispatch was ~40 % of a stage-4
-# layer's host time (results/h200/s11/profile_host_stage4.txt), and a layer launches 15-36 kernels per step. After
-# a kernel's first call through Triton, the compiled kernel is kept under a key that determines its specialization
-# as Triton derives it (tensor dtype and 16-byte alignment; int == 1, divisible by 16, 32-bit range; constexprs;
-# warps; device) and is launched through its own launcher (``CompiledKernel[grid]``, the same call Triton makes).
-# WTCONVNEXT_FAST_LAUNCH=0 (read at import) keeps every launch on Triton's path.
+# (binder, cache key, option parsing, global-variable checks), and a layer launches 15-36 kernels per step. After a
+# kernel's first call through Triton, the compiled kernel is kept under a key at least as fine as what Triton
+# specializes on (tensor dtype and 16-byte alignment; ints by value, where Triton looks at == 1, divisible by 16 and
+# 32-bit range; constexprs; warps; device) and is launched through its own launcher (``CompiledKernel[grid]``, the
+# call Triton's launch ends in). The kernel is keyed by id(): a JITFunction hashes through a locked property.
+# H200: 7-15 % less host time per layer call (results/h200/s12/host.txt). WTCONVNEXT_FAST_LAUNCH=0 (read at
+# import) keeps every launch on Triton's path.
 _FAST_LAUNCH = os.environ.get("WTCONVNEXT_FAST_LAUNCH", "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
 _COMPILED: dict[tuple, object] = {}
-_CONST_NAMES: dict[object, tuple[str, ...]] = {}
-
-
-def _spec(a: object) -> object:
-    """What Triton specializes an argument on (a finer key is harmless, a coarser one would not be)."""
-    if isinstance(a, Tensor):
-        return a.dtype, a.data_ptr() % 16 == 0
-    if isinstance(a, int):
-        return a == 1, a % 16 == 0, -(2**31) <= a < 2**31
-    return a
+_CONST_NAMES: dict[int, tuple[str, ...]] = {}
+_MAX_KEPT = 4096  # ints are keyed by value: bound the cache for workloads of ever-new shapes
 
 
 def _device_index() -> int:
@@ -543,29 +536,31 @@ def _device_index() -> int:
 
 def _launch(fn, grid: tuple[int, int], args: tuple, warps: int, **consts: object) -> None:
     """``fn[grid](*args, **consts, num_warps=warps)``: runtime arguments positional (the kernel's leading
-    parameters), constexprs by name."""
+    parameters: tensors, ints or None), constexprs by name."""
     global _FAST_LAUNCH
     if not _FAST_LAUNCH:
         fn[grid](*args, **consts, num_warps=warps)
         return
-    names = _CONST_NAMES.get(fn)
+    fid = id(fn)
+    names = _CONST_NAMES.get(fid)
     if names is None:
         # The compiled launcher takes every parameter in order: runtime ones, then the constexprs.
-        names = _CONST_NAMES[fn] = tuple(fn.arg_names[len(args):])
+        names = _CONST_NAMES[fid] = tuple(fn.arg_names[len(args):])
     try:
         if len(consts) != len(names):
             raise KeyError
         cvals = tuple(consts[n] for n in names)
     except KeyError:
         raise TypeError(f"{fn.__name__}: launch passes constexprs {sorted(consts)}, kernel has {sorted(names)}") from None
-    key = (fn, _device_index(), warps, cvals, *map(_spec, args))
+    key = (fid, _device_index(), warps, cvals,
+           *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, Tensor) else a for a in args])
     kernel = _COMPILED.get(key)
     if kernel is None:
         kernel = fn[grid](*args, **consts, num_warps=warps)
-        if all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata", "__getitem__")):
+        if not all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata", "__getitem__")):
+            _FAST_LAUNCH = False  # a Triton whose launch returns something else: stay on its path
+        elif len(_COMPILED) < _MAX_KEPT:
             _COMPILED[key] = kernel
-        else:  # a Triton whose JIT launch returns something else: stay on its path
-            _FAST_LAUNCH = False
         return
     kernel[(grid[0], grid[1], 1)](*args, *cvals)
 
