@@ -1,4 +1,5 @@
-"""What every benchmark script shares: the environment record, seeded layer inputs and the atomic JSON write."""
+"""What every benchmark script shares: the environment record, seeded layer inputs, the atomic JSON write, and
+compiling a kernel for Hopper on a machine without a GPU."""
 
 from __future__ import annotations
 
@@ -49,3 +50,21 @@ def write_json(path: str | Path, payload: Any) -> None:
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text(json.dumps(payload, indent=1))
     tmp.replace(out)
+
+
+def compile_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], warps: int = 4) -> Any:
+    """Compile the ``@triton.jit`` kernel ``fn`` for an sm_90 GPU (Hopper, the H200), on any machine.
+
+    ``signature`` gives each runtime parameter's Triton type (``"*bf16"``, ``"i32"``, ...), ``constexprs`` the
+    compile-time ones. Pointers are marked 16-byte aligned, as the launchers' allocations are, so the code is the
+    specialisation a launch on the GPU gets. Returns Triton's compiled kernel (``.asm["cubin"]`` and the rest).
+    The kernel must have been decorated without ``TRITON_INTERPRET``.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in signature.items() if t.startswith("*")}
+    src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}}, constexprs=constexprs,
+                    attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})

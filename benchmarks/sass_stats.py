@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import write_json  # noqa: E402
+from benchmarks.common import compile_sm90, write_json  # noqa: E402
 
 KERNELS = ["fwd_finest", "fwd_coarse", "dx_finest", "wgrad_base", "wgrad_level1", "wgrad_level_fp32"]
 _INSTR = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[.\s]")
@@ -87,14 +87,8 @@ def loops(sass: str) -> list[dict]:
 
 def analyse(name: str, ch: int, dtype: str) -> dict:
     """Compile one kernel for sm_90, disassemble it and count its loops' instructions."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     fn, sig, const, warps = _case(name, ch, dtype)
-    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items() if t.startswith("*")}
-    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in const}}, constexprs=const, attrs=attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    compiled = compile_sm90(fn, sig, const, warps)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / f"{name}.cubin"
         cubin.write_bytes(compiled.asm["cubin"])

@@ -41,15 +41,12 @@ def _cases():
 
 
 def _compile_all() -> int:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from benchmarks.common import compile_sm90
 
     failed = 0
     for fn, signature, constexprs in _cases():
-        src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}}, constexprs=constexprs)
         try:
-            triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+            compile_sm90(fn, signature, constexprs)
         except Exception as e:  # report every failing kernel, then fail
             failed += 1
             print(f"FAILED {fn.__name__} {constexprs}:\n{e}\n", file=sys.stderr)
