@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import gpu_env, write_json, wtconv_inputs  # noqa: E402
+from benchmarks.common import gpu_env, report, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
 SHAPES = [  # B, C, H, W, levels
@@ -129,17 +129,14 @@ def main(argv=None) -> int:
         r["peak_vs_best_dw7"] = r["peak_mb"] / ref["peak_mb"] if ref["peak_mb"] > 0 else float("nan")
         r["best_dw7_layout"] = ref["impl"]
 
-    env = gpu_env()
-    print(f"# {env}")
     hdr = f"{'dtype':5} {'shape (B,C,H,W,L)':22} {'impl':20} {'fwd ms':>8} {'f+b ms':>8} {'peak MB':>9} {'f+b/dw7*':>9} {'mem/dw7*':>9}"
-    print(hdr)
-    print("-" * len(hdr))
+    lines = []
     for r in rows:
         shape = f"{r['B']},{r['C']},{r['H']},{r['W']},{r['levels']}"
-        print(f"{r['dtype']:5} {shape:22} {r['impl']:20} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} {r['peak_mb']:9.1f} "
-              f"{r['fwdbwd_vs_best_dw7']:9.2f} {r['peak_vs_best_dw7']:9.2f}")
-    print("* ratio to the faster layout of depthwise 7x7 (cuDNN) in the same dtype and shape")
-    write_json(args.out, dict(env=env, rows=rows))
+        lines.append(f"{r['dtype']:5} {shape:22} {r['impl']:20} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} "
+                     f"{r['peak_mb']:9.1f} {r['fwdbwd_vs_best_dw7']:9.2f} {r['peak_vs_best_dw7']:9.2f}")
+    report(args.out, gpu_env(), hdr, lines, rows,
+           note="* ratio to the faster layout of depthwise 7x7 (cuDNN) in the same dtype and shape")
     return 0
 
 

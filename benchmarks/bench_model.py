@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import timm  # noqa: E402
 
 import wtconvnext  # noqa: E402,F401  (registers the models)
-from benchmarks.common import gpu_env, write_json  # noqa: E402
+from benchmarks.common import gpu_env, report  # noqa: E402
 
 MODELS = ("convnext_tiny", "wtconvnext_tiny")
 COMPILE_MODE = "default"  # --compile-mode; "reduce-overhead" replays CUDA graphs (no per-launch host cost)
@@ -149,18 +149,15 @@ def main(argv=None) -> int:
         if "peak_gb" in r:
             r["peak_vs_convnext"] = r["peak_gb"] / base["peak_gb"]
 
-    env = gpu_env(timm=timm.__version__, channels_last=True, compile_mode=COMPILE_MODE)
-    print(f"# {env}")
     hdr = f"{'task':6} {'mode':14} {'model':16} {'ms':>8} {'img/s':>8} {'peak GB':>8} {'img/s vs ConvNeXt':>18} {'mem vs ConvNeXt':>16}"
-    print(hdr)
-    print("-" * len(hdr))
+    lines = []
     for r in rows:
         mode = ("bf16-amp" if r["amp"] else "fp32") + (" compiled" if r["compile"] else " eager")
         peak = f"{r['peak_gb']:8.2f}" if "peak_gb" in r else f"{'':8}"
         mem = f"{r['peak_vs_convnext']:16.2f}" if "peak_vs_convnext" in r else f"{'':16}"
-        print(f"{r['task']:6} {mode:14} {r['model']:16} {r['ms']:8.2f} {r['img_s']:8.0f} {peak} "
-              f"{r['throughput_vs_convnext']:18.2f} {mem}")
-    write_json(args.out, dict(env=env, rows=rows))
+        lines.append(f"{r['task']:6} {mode:14} {r['model']:16} {r['ms']:8.2f} {r['img_s']:8.0f} {peak} "
+                     f"{r['throughput_vs_convnext']:18.2f} {mem}")
+    report(args.out, gpu_env(timm=timm.__version__, channels_last=True, compile_mode=COMPILE_MODE), hdr, lines, rows)
     return 0
 
 

@@ -52,6 +52,20 @@ def write_json(path: str | Path, payload: Any) -> None:
     tmp.replace(out)
 
 
+def report(out: str | Path, env: dict[str, Any], header: str, lines: list[str], rows: list[dict], note: str = "",
+           **extra: Any) -> None:
+    """Print the environment and a table (``header``, a rule, ``lines``, then ``note`` when given), and write
+    ``env``, ``rows`` and ``extra`` to ``out`` as JSON (atomically)."""
+    print(f"# {env}")
+    print(header)
+    print("-" * len(header))
+    for line in lines:
+        print(line)
+    if note:
+        print(note)
+    write_json(out, dict(env=env, rows=rows, **extra))
+
+
 def compile_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], warps: int = 4) -> Any:
     """Compile the ``@triton.jit`` kernel ``fn`` for an sm_90 GPU (Hopper, the H200), on any machine.
 

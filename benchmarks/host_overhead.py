@@ -26,7 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import SHAPES  # noqa: E402
-from benchmarks.common import gpu_env, write_json, wtconv_inputs  # noqa: E402
+from benchmarks.common import gpu_env, report, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
@@ -83,16 +83,12 @@ def main(argv=None) -> int:
         rows.append(dict(C=c, H=h, W=w, levels=levels, dtype="bf16", B=1, iters=args.iters, rounds=args.rounds,
                          triton_us=med["triton"], kept_us=med["kept"], dw7_us=med["dw7"],
                          samples={k: v for k, v in times.items()}))
-    env = gpu_env()
-    print(f"# {env}")
     hdr = f"{'C, H, L':14} {'triton launch us':>17} {'kept kernels us':>16} {'saved':>7} {'dw7 us':>8} {'kept/dw7':>9}"
-    print(hdr)
-    print("-" * len(hdr))
-    for r in rows:
-        print(f"{r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['triton_us']:17.1f} {r['kept_us']:16.1f} "
-              f"{1 - r['kept_us'] / r['triton_us']:7.1%} {r['dw7_us']:8.1f} {r['kept_us'] / r['dw7_us']:9.2f}")
-    print("median wall per forward + backward, B=1 bf16 channels_last (host-bound)")
-    write_json(args.out, dict(env=env, rows=rows))
+    lines = [f"{r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['triton_us']:17.1f} {r['kept_us']:16.1f} "
+             f"{1 - r['kept_us'] / r['triton_us']:7.1%} {r['dw7_us']:8.1f} {r['kept_us'] / r['dw7_us']:9.2f}"
+             for r in rows]
+    report(args.out, gpu_env(), hdr, lines, rows,
+           note="median wall per forward + backward, B=1 bf16 channels_last (host-bound)")
     return 0
 
 

@@ -48,3 +48,14 @@ def test_sass_stats_counts_the_loops_of_real_machine_code(tmp_path: Path) -> Non
     # for x's taps, plus dy's), and every loop loads.
     assert all(lp["ops"].get("FFMA", 0) > 0 and "FADD" not in lp["ops"] and lp["ops"].get("LDG", 0) > 0 for lp in base)
     assert all(lp["ops"].get("FADD", 0) >= 2 * lp["ops"].get("FFMA", 0) > 0 for lp in level)
+
+
+def test_report_prints_the_table_and_writes_json(tmp_path: Path, capsys) -> None:
+    from benchmarks.common import report
+
+    out = tmp_path / "sub" / "r.json"
+    report(out, {"gpu": "X"}, "a   b", ["1   2", "3   4"], [{"a": 1}], note="* note", best={"a": 1})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == ["# {'gpu': 'X'}", "a   b", "-----", "1   2", "3   4", "* note"]
+    assert json.loads(out.read_text()) == {"env": {"gpu": "X"}, "rows": [{"a": 1}], "best": {"a": 1}}
+    assert not list(out.parent.glob("*.tmp"))  # written through a temporary sibling, which is gone
