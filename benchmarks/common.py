@@ -52,6 +52,17 @@ def write_json(path: str | Path, payload: Any) -> None:
     tmp.replace(out)
 
 
+def wall_us(fn, iters: int) -> float:
+    """Mean wall-clock microseconds per call of ``fn`` over ``iters`` calls queued back to back (synchronised before
+    and after the loop only, so a host-bound ``fn`` shows its host time)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / iters * 1e6
+
+
 def report(out: str | Path, env: dict[str, Any], header: str, lines: list[str], rows: list[dict], note: str = "",
            **extra: Any) -> None:
     """Print the environment and a table (``header``, a rule, ``lines``, then ``note`` when given), and write

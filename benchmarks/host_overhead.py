@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,18 +25,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import SHAPES  # noqa: E402
-from benchmarks.common import gpu_env, report, wtconv_inputs  # noqa: E402
+from benchmarks.common import gpu_env, report, wall_us, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
-
-
-def _wall_us(fn, iters: int) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / iters * 1e6
 
 
 def main(argv=None) -> int:
@@ -75,14 +65,14 @@ def main(argv=None) -> int:
             for _ in range(args.rounds):
                 for mode in ("triton", "kept"):
                     tk._FAST_LAUNCH = mode == "kept"
-                    times[mode].append(_wall_us(wt, args.iters))
-                times["dw7"].append(_wall_us(dw7, args.iters))
+                    times[mode].append(wall_us(wt, args.iters))
+                times["dw7"].append(wall_us(dw7, args.iters))
         finally:
             tk._FAST_LAUNCH = fast_default
         med = {k: statistics.median(v) for k, v in times.items()}
         rows.append(dict(C=c, H=h, W=w, levels=levels, dtype="bf16", B=1, iters=args.iters, rounds=args.rounds,
                          triton_us=med["triton"], kept_us=med["kept"], dw7_us=med["dw7"],
-                         samples={k: v for k, v in times.items()}))
+                         samples=times))
     hdr = f"{'C, H, L':14} {'triton launch us':>17} {'kept kernels us':>16} {'saved':>7} {'dw7 us':>8} {'kept/dw7':>9}"
     lines = [f"{r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['triton_us']:17.1f} {r['kept_us']:16.1f} "
              f"{1 - r['kept_us'] / r['triton_us']:7.1%} {r['dw7_us']:8.1f} {r['kept_us'] / r['dw7_us']:9.2f}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -19,6 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import DTYPES, SHAPES, _cases  # noqa: E402
+from benchmarks.common import wall_us  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -38,12 +38,7 @@ def main(argv=None) -> int:
             _, fwdbwd, _ = cases["wtconv_triton_cl" if args.cl else "wtconv_triton_nchw"]
             for _ in range(3):
                 fwdbwd()
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(args.iters):
-                fwdbwd()
-            torch.cuda.synchronize()
-            wall = (time.perf_counter() - start) / args.iters * 1000
+            wall = wall_us(fwdbwd, args.iters) / 1000
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(args.iters):
                     fwdbwd()

@@ -472,9 +472,9 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 # (results/h200/wgrad_taps_v3.txt); 1024 programs of at least 16 positions the fastest bf16 total of 8 splits, with
 # 32 MB of partials at most instead of 144 MB for 2048 programs (results/h200/wgrad_chunks_v4.txt). Row-walking
 # weight-gradient kernel (results/h200/s11/tune_rows.txt, bf16): 1 position per step still the fastest of 1, 2, 4.
-# Its channel block, 32 vs 64, with 2 or 4 warps (results/h200/s12/tune_warps.txt): 32 channels and 4 warps took
-# 4.80 ms over the four stages in bf16 and fp32 against 5.16 for 64 on stages 2-4 (bf16 stage 4 0.21 vs 0.32 ms;
-# at most 5 % slower, bf16 stage 3), with half the partials' memory; 2 warps was slower on 7 of 8.
+# Its channel block, 32 vs 64, with 2 or 4 warps (results/h200/s12/tune_warps.txt; stages 3-4 there include host
+# time): 4 warps beat 2 on 7 of 8 shapes; 32 channels halve the partials' memory, and in kernel time (profiles,
+# results/h200/summary_v7.md) made fp32 stages 2-4 7-11 % faster and left bf16 within +-6 %.
 TUNING: dict[str, int] = {
     "fwd_positions": 16, "fwd_block_c": 32, "fwd_warps": 4,
     "wgrad_positions": 1, "wgrad_block_c": 32, "wgrad_warps": 4, "wgrad_programs": 1024,
@@ -521,8 +521,8 @@ def _pow2(n: int) -> int:
 # specializes on (tensor dtype and 16-byte alignment; ints by value, where Triton looks at == 1, divisible by 16 and
 # 32-bit range; constexprs; warps; device) and is launched through its own launcher (``CompiledKernel[grid]``, the
 # call Triton's launch ends in). The kernel is keyed by id(): a JITFunction hashes through a locked property.
-# H200: 7-15 % less host time per layer call (results/h200/s12/host.txt). WTCONVNEXT_FAST_LAUNCH=0 (read at
-# import) keeps every launch on Triton's path.
+# H200: 12-15 % less host time per layer call (results/h200/s12/host.txt; 7-15 % in host_call2.txt).
+# WTCONVNEXT_FAST_LAUNCH=0 (read at import) keeps every launch on Triton's path.
 _FAST_LAUNCH = os.environ.get("WTCONVNEXT_FAST_LAUNCH", "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
 _COMPILED: dict[tuple, object] = {}
 _CONST_NAMES: dict[int, tuple[str, ...]] = {}
