@@ -551,7 +551,8 @@ def _launch(fn, grid: tuple[int, int], args: tuple, warps: int, **consts: object
             raise KeyError
         cvals = tuple(consts[n] for n in names)
     except KeyError:
-        raise TypeError(f"{fn.__name__}: launch passes constexprs {sorted(consts)}, kernel has {sorted(names)}") from None
+        raise TypeError(
+            f"{fn.__name__}: launch passes constexprs {sorted(consts)}, kernel has {sorted(names)}") from None
     key = (fid, _device_index(), warps, cvals,
            *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, Tensor) else a for a in args])
     kernel = _COMPILED.get(key)
