@@ -46,12 +46,11 @@ import yaml
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-import timm
-from timm.data import Mixup, create_dataset, create_transform, resolve_data_config
+from timm.data import Mixup, create_transform, resolve_data_config
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.models import model_parameters
 from timm.optim import create_optimizer_v2
-from timm.scheduler import create_scheduler_v2
+from timm.scheduler import PlateauLRScheduler, create_scheduler_v2
 from timm.utils import NativeScaler, dispatch_clip_grad, init_distributed_device, update_summary
 
 try:  # ModelEmaV3 (timm >= 1.0) takes the update count for decay warmup; V2 is the fallback for older timm
@@ -61,11 +60,25 @@ except ImportError:  # pragma: no cover - depends on the installed timm
 EMA_TAKES_STEP = ModelEma.__name__ == "ModelEmaV3"
 
 import wtconvnext  # noqa: F401  (registers the wtconvnext_* models with timm)
-from validate import ModelKwargsAction, evaluate, load_checkpoint_file, load_model_weights, progress_enabled
+from validate import (
+    USER_ERRORS,
+    ModelKwargsAction,
+    OneLineArgumentParser,
+    ScriptError,
+    check_device,
+    create_model_checked,
+    evaluate,
+    exit_on_error,
+    infer_num_classes,
+    load_model_weights,
+    progress_enabled,
+)
+from wtconvnext.checkpoint import load_checkpoint_file, load_weights, plain_data_config
 from wtconvnext.data import (
     ResumableSampler,
     SeededDataset,
     ShardSampler,
+    create_dataset_checked,
     mix_seed,
     patch_timm_posterize,
     prepare_digits,
@@ -85,13 +98,13 @@ EXIT_SIMULATED_KILL = 3  # exit status of --stop-after-updates
 # ----------------------------------------------------------------------------------------------------------------------
 # Arguments: a YAML config sets the defaults, the command line overrides them (as in timm's train.py).
 
-config_parser = argparse.ArgumentParser(add_help=False)
+config_parser = OneLineArgumentParser(add_help=False)
 config_parser.add_argument("-c", "--config", default="", metavar="FILE", help="YAML config whose keys are flag dests")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="WTConvNeXt training", parents=[config_parser],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = OneLineArgumentParser(description="WTConvNeXt training", parents=[config_parser],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("Dataset")
     g.add_argument("--data-dir", default=None, help="dataset root (ImageFolder with train/ and val/)")
     g.add_argument("--dataset", default="", help="timm dataset type, '' for folders (e.g. torch/cifar10); "
@@ -152,7 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--warmup-prefix", action="store_true", help="warmup precedes (does not overlap) the decay")
     g.add_argument("--cooldown-epochs", type=int, default=0, help="epochs at min lr after the schedule")
     g.add_argument("--decay-epochs", type=float, default=90, help="step schedule period")
-    g.add_argument("--decay-rate", type=float, default=0.1, help="step schedule factor")
+    g.add_argument("--decay-rate", type=float, default=0.1, help="step / plateau schedule factor")
+    g.add_argument("--patience-epochs", type=int, default=10,
+                   help="plateau schedule: epochs without improvement of --eval-metric before the lr decays")
 
     g = p.add_argument_group("Augmentation and regularisation")
     g.add_argument("--no-aug", action="store_true", help="no training augmentation")
@@ -211,6 +226,9 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace, st
 
     Returns the arguments and the config file used ('' for none). With neither ``--config`` nor a dataset
     (``--data-dir`` / ``--dataset``) the digits config is the default, so plain ``python train.py`` works.
+
+    Raises:
+        ScriptError: the config file is missing, unreadable, not a YAML mapping, or has keys no flag has.
     """
     parser = build_parser()
     cfg_args, remaining = config_parser.parse_known_args(argv)
@@ -220,12 +238,21 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace, st
         if probe.data_dir is None and not probe.dataset:
             config = str(DEFAULT_CONFIG)
     if config:
-        with open(config) as f:
-            cfg = yaml.safe_load(f) or {}
+        try:
+            with open(config) as f:
+                cfg = yaml.safe_load(f) or {}
+        except FileNotFoundError:
+            raise ScriptError(f"config file '{config}' does not exist") from None
+        except OSError as e:
+            raise ScriptError(f"cannot read config file '{config}': {e.strerror or e}") from None
+        except yaml.YAMLError as e:
+            raise ScriptError(f"config file '{config}' is not valid YAML: {' '.join(str(e).split())}") from None
+        if not isinstance(cfg, dict):
+            raise ScriptError(f"config file '{config}' must hold a mapping of flag names to values")
         known = {a.dest for a in parser._actions}
         unknown = sorted(set(cfg) - known)
         if unknown:
-            parser.error(f"{config}: unknown keys {unknown} (keys are flag names with '_' for '-')")
+            raise ScriptError(f"{config}: unknown keys {unknown} (keys are flag names with '_' for '-')")
         parser.set_defaults(**cfg)
     args = parser.parse_args(remaining)
     args.config = config
@@ -377,6 +404,7 @@ class Run:
     best_epoch: Optional[int]
     saver: Optional["CheckpointManager"]  # primary process only
     progress: bool  # show tqdm bars
+    data_config: dict[str, Any]  # the resolved preprocessing (input size, crop, interpolation, mean, std)
 
 
 def resolve_output_dir(args: argparse.Namespace) -> Path:
@@ -394,16 +422,6 @@ def resolve_output_dir(args: argparse.Namespace) -> Path:
             n += 1
         out = root / f"{name}-{n}"
     return out
-
-
-def infer_num_classes(dataset) -> Optional[int]:
-    """Class count of an ImageFolder-style timm dataset or a torchvision dataset, None if unknown."""
-    reader = getattr(dataset, "reader", None)
-    mapping = getattr(reader, "class_to_idx", None) or getattr(dataset, "class_to_idx", None)
-    if mapping:
-        return len(mapping)
-    classes = getattr(dataset, "classes", None)
-    return len(classes) if classes else None
 
 
 def train_one_epoch(
@@ -499,6 +517,28 @@ def train_one_epoch(
         progress.close()
 
 
+def scheduler_state(scheduler: Any) -> dict[str, Any]:
+    """The scheduler's complete state as plain values.
+
+    timm's schedulers are functions of the update / epoch count except the plateau scheduler, whose state is the
+    history of the metric: its own ``state_dict`` keeps only ``best`` and ``last_epoch`` (not the patience and
+    cooldown counters), so a resumed run would decay the lr at other epochs than an uninterrupted one. Here it
+    keeps the whole torch ``ReduceLROnPlateau`` state.
+    """
+    if isinstance(scheduler, PlateauLRScheduler):
+        return {"plateau": scheduler.lr_scheduler.state_dict(), "restore_lr": scheduler.restore_lr}
+    return scheduler.state_dict()
+
+
+def load_scheduler_state(scheduler: Any, state: dict[str, Any]) -> None:
+    """Restore what :func:`scheduler_state` saved (or a timm ``state_dict`` of an older checkpoint)."""
+    if isinstance(scheduler, PlateauLRScheduler) and "plateau" in state:
+        scheduler.lr_scheduler.load_state_dict(state["plateau"])
+        scheduler.restore_lr = state.get("restore_lr")
+    else:
+        scheduler.load_state_dict(state)
+
+
 def current_lr(optimizer: torch.optim.Optimizer) -> float:
     """Mean lr over parameter groups (with layer decay they differ; this is what timm logs)."""
     lrs = [g["lr"] for g in optimizer.param_groups]
@@ -536,8 +576,10 @@ def save_state(
         "global_batch": args.batch_size * args.world_size * args.grad_accum_steps,
         "state_dict": run.model.state_dict(),
         "optimizer": run.optimizer.state_dict(),
-        "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
+        "scheduler": scheduler_state(run.scheduler) if run.scheduler is not None else None,
         "args": _plain(vars(args)),
+        # What validate.py and wtconvnext-convert read to evaluate at the run's own input size and crop.
+        "data_config": run.data_config,
         "metric": metric,
         "best_metric": run.best_metric,
         "best_epoch": run.best_epoch,
@@ -551,7 +593,16 @@ def save_state(
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+    """Run train.py with ``argv``; ordinary mistakes exit with one line on stderr and status 2."""
+    try:
+        return _main(argv)
+    except USER_ERRORS as e:
+        exit_on_error("train.py", e)
+
+
+def _main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     args, config = parse_args(argv)
+    check_device(args.device)
     device = init_distributed_device(args)  # sets args.distributed, world_size, rank, local_rank, device
     logging.basicConfig(level=logging.INFO if args.rank == 0 else logging.WARNING,
                         format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
@@ -567,19 +618,20 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     if args.dataset == DIGITS:
         args.data_dir, args.dataset = str(prepare_digits()), ""
     elif args.data_dir is None and not args.dataset:
-        raise SystemExit("no data: pass --data-dir (or --dataset), or run without a config for the digits default")
-    dataset_train = create_dataset(args.dataset, root=args.data_dir, split=args.train_split, is_training=True,
-                                   class_map=args.class_map, download=args.dataset_download,
-                                   batch_size=args.batch_size, seed=args.seed)
+        raise ScriptError("no data: pass --data-dir (or --dataset), or run without a config for the digits default")
+    dataset_train = create_dataset_checked(args.dataset, root=args.data_dir, split=args.train_split,
+                                           is_training=True, class_map=args.class_map,
+                                           download=args.dataset_download, batch_size=args.batch_size,
+                                           seed=args.seed)
     dataset_eval = None
     if args.val_split:
-        dataset_eval = create_dataset(args.dataset, root=args.data_dir, split=args.val_split, is_training=False,
-                                      class_map=args.class_map, download=args.dataset_download,
-                                      batch_size=args.batch_size)
+        dataset_eval = create_dataset_checked(args.dataset, root=args.data_dir, split=args.val_split,
+                                              is_training=False, class_map=args.class_map,
+                                              download=args.dataset_download, batch_size=args.batch_size)
     if args.num_classes is None:
         args.num_classes = infer_num_classes(dataset_train)
         if args.num_classes is None:
-            raise SystemExit("cannot infer the number of classes from the dataset: pass --num-classes")
+            raise ScriptError("cannot infer the number of classes from the dataset: pass --num-classes")
 
     # Model: identical initialisation on every rank (DDP also broadcasts rank 0's weights).
     seed_rngs(args.seed)
@@ -588,7 +640,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         create_kwargs["drop_path_rate"] = args.drop_path
     if args.pretrained_path:
         create_kwargs["pretrained_cfg_overlay"] = dict(file=args.pretrained_path)
-    model = timm.create_model(args.model, pretrained=args.pretrained, **create_kwargs)
+    model = create_model_checked(args.model, pretrained=args.pretrained, **create_kwargs)
     if args.initial_checkpoint:
         which = load_model_weights(model, args.initial_checkpoint, use_ema=True)
         _logger.info(f"Initial weights ({which}) from {args.initial_checkpoint}")
@@ -652,7 +704,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                                          drop_last=True, **loader_kwargs)
     batches_per_epoch = sampler.per_rank // args.batch_size
     if batches_per_epoch == 0:
-        raise SystemExit(f"{sampler.per_rank} training samples per process is less than one batch of "
+        raise ScriptError(f"{sampler.per_rank} training samples per process is less than one batch of "
                          f"{args.batch_size}")
     updates_per_epoch = math.ceil(batches_per_epoch / args.grad_accum_steps)
     eval_loader = None
@@ -680,6 +732,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         optimizer, sched=args.sched, num_epochs=args.epochs, decay_epochs=args.decay_epochs,
         decay_rate=args.decay_rate, min_lr=args.min_lr, warmup_lr=args.warmup_lr,
         warmup_epochs=args.warmup_epochs, warmup_prefix=args.warmup_prefix, cooldown_epochs=args.cooldown_epochs,
+        patience_epochs=args.patience_epochs, plateau_mode="min" if args.eval_metric == "loss" else "max",
         step_on_epochs=not args.sched_on_updates, updates_per_epoch=updates_per_epoch)
 
     # Resume: model, optimizer, scheduler, loss scaler, EMA, best metric and the position within the epoch.
@@ -691,30 +744,44 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         if path.is_dir():
             path = path / "last.pth.tar"
             args.resume = str(path)
-        ckpt = load_checkpoint_file(path)
-        if "next_epoch" not in ckpt:
-            raise SystemExit(f"{path} is not a train.py checkpoint; use --initial-checkpoint to load its weights")
-        model.load_state_dict(ckpt["state_dict"])
+        ckpt, _ = load_checkpoint_file(path)
+        if not isinstance(ckpt, dict) or "next_epoch" not in ckpt:
+            raise ScriptError(f"'{path}' is not a train.py checkpoint; use --initial-checkpoint to load its weights")
+        what = f"{args.model} (resuming {path})"
+        load_weights(model, ckpt["state_dict"], what=what)
         if not args.no_resume_opt:
-            optimizer.load_state_dict(ckpt["optimizer"])
-            if loss_scaler is not None and ckpt.get(loss_scaler.state_dict_key):
-                loss_scaler.load_state_dict(ckpt[loss_scaler.state_dict_key])
+            try:
+                optimizer.load_state_dict(ckpt["optimizer"])
+                if loss_scaler is not None and ckpt.get(loss_scaler.state_dict_key):
+                    loss_scaler.load_state_dict(ckpt[loss_scaler.state_dict_key])
+            except (ValueError, KeyError) as e:
+                raise ScriptError(f"cannot restore the optimizer from '{path}' ({' '.join(str(e).split())}): resume "
+                                  "with the run's own optimizer flags (its args.yaml), or pass --no-resume-opt") from None
         if ema is not None:
             if ckpt.get("state_dict_ema") is not None:
-                ema.module.load_state_dict(ckpt["state_dict_ema"])
+                load_weights(ema.module, ckpt["state_dict_ema"], what=f"the EMA of {what}")
             else:
                 _logger.warning("checkpoint has no EMA weights: EMA restarts from the current weights")
                 ema.module.load_state_dict(ckpt["state_dict"])
         if ckpt.get("scheduler") is not None:
-            scheduler.load_state_dict(ckpt["scheduler"])
+            load_scheduler_state(scheduler, ckpt["scheduler"])
         start_epoch, start_update = ckpt["next_epoch"], ckpt["next_update"]
         num_updates = ckpt["num_updates"]
         best_metric, best_epoch = ckpt.get("best_metric"), ckpt.get("best_epoch")
         if start_update and ckpt["global_batch"] != global_batch:
-            raise SystemExit(f"{path} stopped mid-epoch with global batch {ckpt['global_batch']}; resume it with "
+            raise ScriptError(f"{path} stopped mid-epoch with global batch {ckpt['global_batch']}; resume it with "
                              f"the same global batch (now {global_batch}) or from an epoch-end checkpoint")
         if start_update and args.rank == 0:
             resume_loss = list(ckpt.get("train_loss_state", resume_loss))
+        if start_epoch >= num_epochs:
+            # Nothing left to train: say so (and where the run's results are) rather than logging an empty final.
+            best = "" if best_metric is None else f"; best {args.eval_metric} {best_metric:.4f} at epoch {best_epoch}"
+            _logger.info(f"Nothing to do: '{path}' is the end of a finished run ({start_epoch} of {num_epochs} "
+                         f"epochs done{best}); pass a larger --epochs to train further")
+            if args.distributed:
+                dist.destroy_process_group()
+            return dict(best_metric=best_metric, best_epoch=best_epoch, final={}, finished=True,
+                        output=str(Path(path).resolve().parent), seconds=0.0)
         _logger.info(f"Resumed {path}: epoch {start_epoch}, update {start_update}/{updates_per_epoch}")
         del ckpt
     if args.sched_on_updates:
@@ -746,6 +813,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         num_updates=num_updates, best_metric=best_metric, best_epoch=best_epoch,
         saver=CheckpointManager(out_dir, args.checkpoint_hist) if out_dir else None,
         progress=args.rank == 0 and progress_enabled(args.progress) and _has_tqdm(),
+        data_config=plain_data_config(data_config),
     )
     decreasing = args.eval_metric == "loss"
     # With an evaluated EMA, the EMA's metric picks the best checkpoint (its weights are the ones released).

@@ -3,16 +3,26 @@
 
 ``--checkpoint`` takes a reference-format ``.pth`` (a flat state dict, or a timm-saver dict with ``state_dict`` /
 ``state_dict_ema``), a converted ``.safetensors`` file, or a checkpoint written by ``train.py``. Every one goes
-through :func:`wtconvnext.models.wtconvnext.checkpoint_filter_fn`, which timm's own ``load_checkpoint`` would skip.
+through :func:`wtconvnext.models.wtconvnext.checkpoint_filter_fn`, which timm's own ``load_checkpoint`` would skip,
+and is read by the package's one safe loader (:func:`wtconvnext.checkpoint.load_checkpoint_file`).
+
+What the command line does not say comes from the checkpoint: the model name, its kwargs and classes (a train.py
+checkpoint's arguments, a converted file's metadata, or, for a reference checkpoint that records nothing, the
+WTConvNeXt configuration its tensors show) and the preprocessing it was trained with (input size, crop,
+interpolation, mean, std: recorded by train.py and carried over by wtconvnext-convert); else the model's defaults.
+The input size and crop used are printed, and where they came from.
 
 Examples::
 
-    python validate.py --model wtconvnext_tiny --checkpoint WTConvNeXt_tiny_5_300e_ema.pth --data-dir /imagenet
+    python validate.py --checkpoint WTConvNeXt_tiny_5_300e_ema.pth --data-dir /imagenet    # wtconvnext_tiny, 224 px
     python validate.py --checkpoint output/train/<run>/model_best.pth.tar        # digits val split, args from the run
+    python validate.py --checkpoint converted.safetensors --data-dir /data         # model and data config from metadata
     python validate.py --model wtconvnext_tiny --checkpoint golden.pth --num-classes 10 --img-size 96 \\
         --model-kwargs '{"depths": [1, 1, 2, 1], "dims": [16, 32, 64, 128]}'
 
-With no ``--data-dir`` the embedded digits val split is used (see ``wtconvnext.data.prepare_digits``).
+With no ``--data-dir`` the embedded digits val split is used (see ``wtconvnext.data.prepare_digits``). Ordinary
+mistakes (a missing data directory or checkpoint, an unknown model, weights that do not fit) are one line on stderr
+and exit status 2.
 """
 
 from __future__ import annotations
@@ -20,15 +30,15 @@ from __future__ import annotations
 import argparse
 import ast
 import csv
+import difflib
 import json
 import logging
 import os
-import pickle
 import sys
 import time
 from contextlib import nullcontext
 from functools import partial
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 import torch
 import torch.distributed as dist
@@ -36,10 +46,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import timm
-from timm.data import create_dataset, create_loader, resolve_data_config
+from timm.data import create_loader, resolve_data_config
 
 import wtconvnext  # noqa: F401  (registers the wtconvnext_* models with timm)
-from wtconvnext.data import DIGITS_NUM_CLASSES, prepare_digits
+from wtconvnext.checkpoint import CheckpointError, RecordedConfig, load_checkpoint_file, load_weights, recorded_config
+from wtconvnext.data import DIGITS_NUM_CLASSES, DataError, create_dataset_checked, prepare_digits
 
 _logger = logging.getLogger("validate")
 
@@ -70,29 +81,65 @@ class ModelKwargsAction(argparse.Action):
         setattr(namespace, self.dest, kwargs)
 
 
-def load_checkpoint_file(path: str | os.PathLike) -> Any:
-    """Read a checkpoint without executing arbitrary pickled code.
+class ScriptError(Exception):
+    """An ordinary mistake in the arguments (unknown model, missing file, ...): printed as one line, exit 2."""
 
-    ``.safetensors`` files are read with safetensors; everything else with ``torch.load(weights_only=True)``.
-    Checkpoints from timm's own train.py pickle an ``argparse.Namespace`` under ``args``, which is allow-listed;
-    anything else that needs full unpickling is refused with an explanation rather than loaded unsafely.
-    """
-    path = str(path)
-    if path.endswith(".safetensors"):
-        from safetensors.torch import load_file
 
-        return load_file(path, device="cpu")
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line naming it (and --help), not the usage block above the message."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def exit_on_error(prog: str, error: BaseException) -> NoReturn:
+    """Print ``prog: error: <one line>`` on stderr and exit with status 2 (1 for a failed check)."""
+    message = " ".join(str(error).split()) or type(error).__name__
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(getattr(error, "exit_code", 2))
+
+
+# What the scripts report as one line instead of a traceback.
+USER_ERRORS = (ScriptError, CheckpointError, DataError)
+
+
+def check_device(name: str) -> torch.device:
+    """``torch.device(name)``, refusing a device this machine does not have."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as first_error:
-        try:
-            with torch.serialization.safe_globals([argparse.Namespace]):
-                return torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:
-            raise RuntimeError(
-                f"{path} holds pickled objects other than tensors and plain containers; refusing to unpickle it. "
-                f"Re-save its state dict (torch.save(ckpt['state_dict'], ...)) or convert it to safetensors."
-            ) from first_error
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ScriptError(f"--device {name!r}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ScriptError(f"--device {name}: no CUDA device is available (use --device cpu)")
+    return device
+
+
+def check_model_name(name: str) -> None:
+    """Refuse a model name timm does not know, suggesting close ones."""
+    if name.startswith(("hf-hub:", "hf_hub:", "local-dir:", "timm/")) or timm.is_model(name):
+        return
+    close = difflib.get_close_matches(name, timm.list_models(), n=3, cutoff=0.6)
+    raise ScriptError(f"unknown model '{name}'" + (f"; did you mean {', '.join(close)}?" if close else ""))
+
+
+def create_model_checked(name: str, **kwargs: Any) -> nn.Module:
+    """``timm.create_model`` with an unknown name or a constructor argument it rejects reported as one line."""
+    check_model_name(name)
+    try:
+        return timm.create_model(name, **kwargs)
+    except (TypeError, ValueError) as e:
+        shown = {k: v for k, v in kwargs.items() if k not in ("pretrained_cfg_overlay",)}
+        raise ScriptError(f"cannot build {name} with {shown}: {' '.join(str(e).split())}") from None
+
+
+def infer_num_classes(dataset) -> Optional[int]:
+    """Class count of an ImageFolder-style timm dataset or a torchvision dataset, None if unknown."""
+    reader = getattr(dataset, "reader", None)
+    mapping = getattr(reader, "class_to_idx", None) or getattr(dataset, "class_to_idx", None)
+    if mapping:
+        return len(mapping)
+    classes = getattr(dataset, "classes", None)
+    return len(classes) if classes else None
 
 
 def load_model_weights(
@@ -106,21 +153,35 @@ def load_model_weights(
     Args:
         model: the freshly created model.
         checkpoint: path of a reference ``.pth``, a converted ``.safetensors`` or a ``train.py`` checkpoint, or
-            what :func:`load_checkpoint_file` returned for one.
+            the object :func:`wtconvnext.checkpoint.load_checkpoint_file` returned for one.
         use_ema: take ``state_dict_ema`` when the checkpoint has one (released weights are EMA weights).
         strict: require every key to match.
 
     Returns:
         Which weights were loaded (``"ema"`` or ``"model"``), for the log.
+
+    Raises:
+        CheckpointError: the file is unreadable, holds no state dict, or its weights do not fit ``model`` (the
+            message names the differing keys).
     """
     # Imported here so that train.py's other paths keep working while the model module is being replaced.
     from wtconvnext.models.wtconvnext import checkpoint_filter_fn, unwrap_checkpoint
 
-    obj = checkpoint if isinstance(checkpoint, dict) else load_checkpoint_file(checkpoint)
-    which = "ema" if use_ema and isinstance(obj, dict) and obj.get("state_dict_ema") else "model"
-    state_dict = unwrap_checkpoint(obj, prefer_ema=use_ema)
-    state_dict = checkpoint_filter_fn(state_dict, model)
-    incompatible = model.load_state_dict(state_dict, strict=strict)
+    obj = checkpoint if isinstance(checkpoint, dict) else load_checkpoint_file(checkpoint)[0]
+    which = "ema" if use_ema and isinstance(obj, dict) and (obj.get("state_dict_ema") or obj.get("model_ema")) \
+        else "model"
+    try:
+        state_dict = unwrap_checkpoint(obj, prefer_ema=use_ema)
+    except TypeError as e:
+        raise CheckpointError(f"checkpoint holds no state dict: {e}") from None
+    if not state_dict:
+        raise CheckpointError("checkpoint holds no tensors")
+    try:
+        state_dict = checkpoint_filter_fn(state_dict, model)
+    except ValueError as e:  # inconsistent WTConv tensors in a reference / fused layout
+        raise CheckpointError(f"malformed WTConv parameters: {e}") from None
+    incompatible = load_weights(model, state_dict, strict=strict,
+                                what=getattr(model, "default_cfg", {}).get("architecture", ""))
     if not strict and (incompatible.missing_keys or incompatible.unexpected_keys):
         _logger.warning(f"Non-strict load: {incompatible}")
     return which
@@ -209,8 +270,8 @@ def write_results(results: dict[str, Any], path: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """Flags keep the names and meanings of timm's validate.py."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = OneLineArgumentParser(description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data-dir", default=None, help="dataset root (ImageFolder with a val/ folder); "
                    "default: the embedded digits")
     p.add_argument("--dataset", default="", help="timm dataset type, '' for folders (e.g. torch/cifar10), "
@@ -218,7 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="validation", help="split to evaluate (timm also finds 'val')")
     p.add_argument("--dataset-download", action="store_true", help="allow download for torch/ datasets")
     p.add_argument("--class-map", default="", help="path to a class-to-index mapping file")
-    p.add_argument("--model", default=None, help="model name; default: the one recorded in a train.py checkpoint")
+    p.add_argument("--model", default=None, help="model name; default: the one the checkpoint records (train.py "
+                   "checkpoint, converted file), else the WTConvNeXt configuration its tensors show")
     p.add_argument("--checkpoint", default="", help="reference .pth, converted .safetensors or train.py checkpoint")
     p.add_argument("--pretrained", action="store_true", help="use timm's pretrained weights for --model")
     p.add_argument("--use-ema", action=argparse.BooleanOptionalAction, default=True,
@@ -247,46 +309,112 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Preprocessing flags, in resolve_data_config's names; recorded values fill in the ones not given.
+_DATA_FLAGS = ("img_size", "input_size", "crop_pct", "crop_mode", "mean", "std", "interpolation")
+
+
+def resolve_model(args: argparse.Namespace, obj: Any, recorded: Optional[RecordedConfig]
+                  ) -> tuple[str, dict[str, Any], Optional[int], str]:
+    """``(model name, kwargs, num_classes, where they came from)``: the flags first, then what the checkpoint
+    records, then (for a WTConvNeXt checkpoint that records nothing) what its tensors show."""
+    if args.model or (recorded is not None and recorded.model):
+        name = args.model or recorded.model
+        same = recorded is not None and recorded.model == name
+        kwargs = dict(recorded.model_kwargs) if same else {}
+        kwargs.update(args.model_kwargs)
+        num_classes = args.num_classes or (recorded.num_classes if same else None)
+        source = "command line" if args.model and not same else recorded.source
+        return name, kwargs, num_classes, source
+    if obj is None:
+        raise ScriptError("--model is required without a --checkpoint that records or shows its model")
+    from wtconvnext.convert import _build_kwargs, infer_architecture, normalize_state_dict
+    from wtconvnext.models.wtconvnext import unwrap_checkpoint
+
+    try:
+        state_dict = normalize_state_dict(unwrap_checkpoint(obj, prefer_ema=args.use_ema))
+        name, kwargs, how = infer_architecture(state_dict)
+    except (TypeError, CheckpointError) as e:
+        raise ScriptError(f"cannot tell the model from the checkpoint ({e}); pass --model") from None
+    kwargs = _build_kwargs(state_dict, kwargs)
+    num_classes = kwargs.pop("num_classes")
+    kwargs.update(args.model_kwargs)
+    kind = "a registered variant" if how == "registered variant" else "a custom configuration"
+    return name, kwargs, args.num_classes or num_classes, f"checkpoint's tensors: {kind}"
+
+
+def resolve_eval_data_config(args: argparse.Namespace, model: nn.Module, recorded: Optional[RecordedConfig]
+                             ) -> tuple[dict[str, Any], str]:
+    """The evaluation data config: flags, else what the checkpoint records, else the model's defaults.
+
+    Returns the config and a phrase saying where its input size and crop came from.
+    """
+    given = {k: getattr(args, k) for k in _DATA_FLAGS if getattr(args, k) not in (None, "")}
+    recorded_data = dict(recorded.data_config) if recorded is not None else {}
+    if "img_size" in given or "input_size" in given:  # a size on the command line beats any recorded one
+        recorded_data.pop("img_size", None)
+        recorded_data.pop("input_size", None)
+    merged = {**recorded_data, **given}
+    config = resolve_data_config(merged, model=model)
+    size_crop = {"input_size", "img_size", "crop_pct"}
+    if size_crop & set(given):
+        source = "command line"
+    elif size_crop & set(recorded_data):
+        source = f"the {recorded.source}"
+    else:
+        source = "the model's defaults"
+    return config, source
+
+
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+    """Run validate.py with ``argv``; ordinary mistakes exit with one line on stderr and status 2."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = build_parser().parse_args(argv)
-    device = torch.device(args.device)
+    try:
+        return _main(args)
+    except USER_ERRORS as e:
+        exit_on_error("validate.py", e)
 
-    # A train.py checkpoint records how its model was built: use that for anything not given on the command line.
-    ckpt = load_checkpoint_file(args.checkpoint) if args.checkpoint else None
-    run_args: dict[str, Any] = {}
-    if isinstance(ckpt, dict) and isinstance(ckpt.get("args"), dict):
-        run_args = ckpt["args"]
-    model_name = args.model or run_args.get("model")
-    if not model_name:
-        raise SystemExit("--model is required (the checkpoint does not record one)")
-    same_model = bool(run_args) and model_name == run_args.get("model")
-    num_classes = args.num_classes or (run_args.get("num_classes") if same_model else None)
-    model_kwargs = dict(run_args.get("model_kwargs") or {}) if same_model else {}
-    model_kwargs.update(args.model_kwargs)
-    if same_model:
-        # Evaluate with the run's preprocessing (e.g. the digits config's 32px, crop_pct 1.0) unless overridden.
-        for key in ("img_size", "input_size", "crop_pct", "crop_mode", "mean", "std", "interpolation"):
-            if getattr(args, key) in (None, "") and run_args.get(key) not in (None, ""):
-                setattr(args, key, run_args[key])
+
+def _main(args: argparse.Namespace) -> dict[str, Any]:
+    device = check_device(args.device)
+
+    # A checkpoint may record how its model was built (a train.py checkpoint, a converted file): anything the
+    # command line does not say comes from there.
+    obj, recorded = None, None
+    if args.checkpoint:
+        obj, meta = load_checkpoint_file(args.checkpoint)
+        recorded = recorded_config(obj, meta)
+    model_name, model_kwargs, num_classes, model_source = resolve_model(args, obj, recorded)
 
     if args.dataset == "digits" or (args.data_dir is None and not args.dataset):
         args.data_dir, args.dataset = str(prepare_digits()), ""
         num_classes = num_classes or DIGITS_NUM_CLASSES
+    # The data first: a wrong --data-dir is reported before any model is built.
+    dataset = create_dataset_checked(args.dataset, root=args.data_dir, split=args.split,
+                                     class_map=args.class_map, download=args.dataset_download)
 
     create_kwargs: dict[str, Any] = dict(model_kwargs)
     if num_classes is not None:
         create_kwargs["num_classes"] = num_classes
-    model = timm.create_model(model_name, pretrained=args.pretrained, **create_kwargs)
+    model = create_model_checked(model_name, pretrained=args.pretrained, **create_kwargs)
+    dataset_classes = infer_num_classes(dataset)
+    model_classes = getattr(model, "num_classes", None)
+    if dataset_classes and model_classes and dataset_classes > model_classes:
+        raise ScriptError(f"the dataset has {dataset_classes} classes but {model_name} predicts {model_classes}; "
+                          "pass --num-classes (and a checkpoint with that many) or another --data-dir / --class-map")
     loaded = ""
-    if ckpt is not None:
-        loaded = load_model_weights(model, ckpt, use_ema=args.use_ema)
-        del ckpt  # the optimizer state of a train.py checkpoint can be large
+    if obj is not None:
+        loaded = load_model_weights(model, obj, use_ema=args.use_ema)
+        del obj  # the optimizer state of a train.py checkpoint can be large
     param_count = sum(p.numel() for p in model.parameters())
-    _logger.info(f"Model {model_name} ({param_count / 1e6:.2f}M params), "
+    _logger.info(f"Model {model_name} ({param_count / 1e6:.2f}M params, from the {model_source}), "
                  f"checkpoint {args.checkpoint or '-'} ({loaded or 'no weights loaded'})")
 
-    data_config = resolve_data_config(vars(args), model=model)
+    data_config, data_source = resolve_eval_data_config(args, model, recorded)
+    print(f"Input size {tuple(data_config['input_size'])}, crop_pct {data_config['crop_pct']}"
+          f" ({data_config.get('crop_mode') or 'center'}), {data_config['interpolation']} interpolation, "
+          f"mean {tuple(round(v, 4) for v in data_config['mean'])}, std {tuple(round(v, 4) for v in data_config['std'])}"
+          f" (size and crop from {data_source})", flush=True)
     model = model.to(device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -295,8 +423,6 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     amp_dtype = torch.bfloat16 if args.amp_dtype == "bfloat16" else torch.float16
     amp_autocast = partial(torch.autocast, device_type=device.type, dtype=amp_dtype) if args.amp else nullcontext
 
-    dataset = create_dataset(args.dataset, root=args.data_dir, split=args.split, class_map=args.class_map,
-                             download=args.dataset_download)
     loader = create_loader(
         dataset,
         input_size=data_config["input_size"],
@@ -324,8 +450,11 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         images_per_s=round(metrics["images_per_s"], 2),
         param_count_m=round(param_count / 1e6, 3),
         img_size=data_config["input_size"][-1],
+        input_size=list(data_config["input_size"]),
         crop_pct=data_config["crop_pct"],
+        crop_mode=data_config.get("crop_mode"),
         interpolation=data_config["interpolation"],
+        data_config_source=data_source,
     )
     print(f"top-1 {results['top1']:.3f}  top-5 {results['top5']:.3f}  loss {results['loss']:.4f}  "
           f"{results['num_images']} images  {results['images_per_s']:.1f} images/s")

@@ -2,7 +2,7 @@
 
 Command line (also ``python -m wtconvnext.convert``)::
 
-    wtconvnext-convert INPUT OUTPUT [--model NAME] [--model-kwargs JSON] [--no-ema]
+    wtconvnext-convert INPUT OUTPUT [--model NAME] [--model-kwargs JSON] [--no-ema] [--allow-nonfinite]
                        [--verify] [--tolerance 1e-5] [--image-size 64] [--force]
 
 INPUT may be a released reference checkpoint (a flat state dict, e.g. ``WTConvNeXt_tiny_5_300e_ema.pth``), a
@@ -28,16 +28,24 @@ computes at step 0 is the source's, only the parametrisation differs. The tradeo
 original values (and hence e.g. a per-level learning-rate effect of the 0.1 wavelet scale init) are not recoverable
 from a folded file; keep the source checkpoint if you need them.
 
-The architecture is inferred by matching every key and shape against each registered ``*wtconvnext*`` variant
-(instantiated on the meta device, so nothing is allocated). Configurations no registered variant fits need
-``--model NAME --model-kwargs JSON``; both are stored in the output's metadata so a loader can rebuild the model
-(:func:`create_model_from_converted`).
+The architecture needs no flags (:func:`infer_architecture`): a checkpoint that records its model (a converted file's
+metadata; the ``args`` of a ``train.py`` or timm training checkpoint: ``model``, ``model_kwargs``) is built as
+recorded; otherwise every key and shape is matched against each registered ``*wtconvnext*`` variant (instantiated on
+the meta device, so nothing is allocated), and a configuration no registered variant has is built from what its
+tensors show (depths, dims, WTConv levels and kernel sizes per stage, classes, input channels, ...) on top of
+:data:`CUSTOM_BASE`'s defaults. ``--model NAME [--model-kwargs JSON]`` overrides all of this. The name and kwargs
+are stored in the output's metadata so a loader can rebuild the model (:func:`create_model_from_converted`).
 
 Output metadata (safetensors string metadata): ``format`` = ``wtconvnext``, ``architecture``, ``model_kwargs``
-(JSON), ``num_classes``, ``folded`` = ``true``, ``source_file``, ``source_sha256``, ``source_layout``
-(``reference`` / ``fused`` / ``native``), ``source_wrapper`` (``state_dict_ema``, ``model_ema``, ``state_dict``,
-``model``, or ``none`` for a flat state dict), ``ema`` (``true`` / ``false`` / ``unknown`` for a flat state dict),
-``converter_version``.
+(JSON), ``model_source`` (which rule chose the architecture), ``num_classes``, ``folded`` = ``true``,
+``source_file``, ``source_sha256``, ``source_layout`` (``reference`` / ``fused`` / ``native``), ``source_wrapper``
+(``state_dict_ema``, ``model_ema``, ``state_dict``, ``model``, or ``none`` for a flat state dict), ``ema``
+(``true`` / ``false`` / ``unknown`` for a flat state dict), ``converter_version``, and ``data_config`` (JSON:
+``input_size``, ``interpolation``, ``mean``, ``std``, ``crop_pct``, ``crop_mode``) when the source records the
+preprocessing its model was trained with (``train.py`` checkpoints do; validate.py then evaluates with it).
+
+Non-finite weights (NaN / Inf in the source, or a folded product past the dtype's range) are an error naming the
+tensor, with or without ``--verify``; ``--allow-nonfinite`` converts them as they are.
 
 Safety. The output is written to a temporary file beside OUTPUT and moved into place atomically (no existing file
 is replaced without ``--force``); with ``--verify`` it is moved only after the check passes. Every expected failure
@@ -53,18 +61,28 @@ import contextlib
 import functools
 import hashlib
 import json
+import math
 import os
-import pickle
 import re
-import struct
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
+
+from .checkpoint import (
+    CheckpointError,
+    RecordedConfig,
+    describe_nonfinite,
+    format_key_mismatch,
+    key_mismatch,
+    load_checkpoint_file,
+    nonfinite_tensors,
+    plain_data_config,
+    recorded_config,
+)
 
 __all__ = [
     "ConversionError",
@@ -75,6 +93,8 @@ __all__ = [
     "describe_state_dict",
     "detect_layout",
     "fold_scales",
+    "infer_architecture",
+    "infer_model_kwargs",
     "infer_variant",
     "load_checkpoint_file",
     "main",
@@ -84,7 +104,7 @@ __all__ = [
 ]
 
 FORMAT_NAME = "wtconvnext"
-CONVERTER_VERSION = "1"
+CONVERTER_VERSION = "2"
 
 # Wrapper keys of timm-style training checkpoints, in the order timm's own loader prefers them.
 _EMA_WRAPPERS = ("state_dict_ema", "model_ema")
@@ -93,12 +113,13 @@ _PLAIN_WRAPPERS = ("state_dict", "model")
 _PREFIXES = ("module.", "_orig_mod.")
 # Scale keys of a WTConv layer in this project's layout; the only keys that may be filled in (with ones).
 _SCALE_SUFFIXES = (".base_scale", ".wavelet_scale")
-# Error messages name at most this many keys of each kind (missing / unexpected / mis-shaped).
-_MAX_NAMED_KEYS = 5
 
 
-class ConversionError(Exception):
-    """An expected failure: bad input, bad arguments or a refused write. ``main`` prints it as one line."""
+class ConversionError(CheckpointError):
+    """An expected failure: bad input, bad arguments or a refused write. ``main`` prints it as one line.
+
+    Unreadable input raises the shared loader's :class:`~wtconvnext.checkpoint.CheckpointError`, this class's base.
+    """
 
     exit_code = 2
 
@@ -110,84 +131,8 @@ class VerificationError(ConversionError):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Reading checkpoints
+# Reading checkpoints (the file itself is read by wtconvnext.checkpoint.load_checkpoint_file, shared with the scripts)
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def _is_safetensors(path: Path) -> bool:
-    """Sniff the safetensors format: an 8-byte little-endian header length, then a JSON object."""
-    with open(path, "rb") as f:
-        head = f.read(9)
-    if len(head) < 9:
-        return False
-    (n,) = struct.unpack("<Q", head[:8])
-    return head[8:9] == b"{" and 0 < n <= path.stat().st_size - 8
-
-
-def _refused_global(err: Exception) -> Optional[str]:
-    """The Python object a weights_only load refused, read off torch's (long, multi-line) message; None if none."""
-    m = re.search(r"GLOBAL ([\w.]+)", str(err)) or re.search(r"Unsupported global: ([\w.]+)", str(err))
-    return m.group(1) if m else None
-
-
-def load_checkpoint_file(path: str | os.PathLike) -> tuple[Any, dict[str, str]]:
-    """Read a checkpoint without executing any code from it.
-
-    Args:
-        path: a safetensors file, or a file written by ``torch.save`` (zip or legacy format).
-
-    Returns:
-        ``(obj, metadata)``: the loaded object (a dict of tensors for safetensors) and the safetensors metadata
-        (empty for torch files).
-
-    Raises:
-        ConversionError: the path cannot be read, or its content is truncated, corrupt or not weights-only.
-    """
-    path = Path(path)
-    try:
-        if not path.exists():
-            raise ConversionError(f"cannot read input '{path}': no such file")
-        if path.is_dir():
-            raise ConversionError(f"cannot read input '{path}': it is a directory")
-        is_st = _is_safetensors(path)
-    except OSError as e:
-        raise ConversionError(f"cannot read input '{path}': {e.strerror or e}") from None
-    if is_st:
-        from safetensors import safe_open
-
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                metadata = dict(f.metadata() or {})
-                tensors = {k: f.get_tensor(k) for k in f.keys()}
-        except Exception as e:  # noqa: BLE001  (SafetensorError, OSError, ...: the file is unreadable either way)
-            raise ConversionError(f"cannot read '{path}': truncated or corrupt safetensors file ({e})") from None
-        return tensors, metadata
-    try:
-        # The weights_only unpickler warns about pickle protocols it was not written for; the outcome is what
-        # matters and is reported below, so keep stderr to the one error line.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        obj_name = _refused_global(e)
-        if obj_name:
-            raise ConversionError(
-                f"refusing to load '{path}': it references the Python object '{obj_name}', and only tensors and "
-                "plain containers are loaded (torch.load weights_only=True); re-save the state dict alone"
-            ) from None
-        raise ConversionError(
-            f"cannot read '{path}': not a valid checkpoint (corrupt, or neither a torch nor a safetensors file)"
-        ) from None
-    except OSError as e:
-        if e.errno is None:  # e.g. zipfile's errors derive from OSError without an errno: a corrupt file
-            raise ConversionError(f"cannot read '{path}': truncated or corrupt checkpoint ({e})") from None
-        raise ConversionError(f"cannot read input '{path}': {e.strerror or e}") from None
-    except Exception as e:  # noqa: BLE001
-        # Whatever a loader raises on a damaged file (EOFError, RuntimeError from the zip reader, safetensors'
-        # errors when torch.load dispatches on the suffix, ...), the file is unreadable; say so in one line.
-        detail = str(e).strip().split("\n")[0].split(". ")[0] or type(e).__name__
-        raise ConversionError(f"cannot read '{path}': truncated or corrupt checkpoint ({detail})") from None
-    return obj, {}
 
 
 def select_state_dict(obj: Any, prefer_ema: bool = True) -> tuple[dict[str, Tensor], str]:
@@ -334,14 +279,17 @@ def fold_scales(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
 # ----------------------------------------------------------------------------------------------------------------
 
 _BLOCK_KEY = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.")
+# Entry point whose defaults a configuration read off a checkpoint overrides: the reference's own ConvNeXt
+# defaults (LayerNorm eps 1e-6, GELU, ...), which every registered variant but the CI model ``test_wtconvnext`` uses.
+CUSTOM_BASE = "wtconvnext_tiny"
 
 
 def describe_state_dict(state_dict: Mapping[str, Tensor]) -> dict[str, Any]:
     """Read a WTConvNeXt configuration off a state dict in this project's layout (for messages and matching).
 
     Returns:
-        A dict with whichever of ``depths``, ``dims``, ``wt_levels``, ``kernel_size``, ``num_classes``,
-        ``in_chans`` can be read.
+        A dict with whichever of ``depths``, ``dims``, ``wt_levels``, ``kernel_sizes`` (per stage),
+        ``kernel_size`` (when all stages agree), ``num_classes``, ``in_chans`` can be read.
     """
     desc: dict[str, Any] = {}
     stem = state_dict.get("stem.0.weight")
@@ -364,11 +312,54 @@ def describe_state_dict(state_dict: Mapping[str, Tensor]) -> dict[str, Any]:
             ks.append(int(w.shape[-1]) if w is not None else None)
         desc["dims"] = dims
         desc["wt_levels"] = levels
+        desc["kernel_sizes"] = ks
         if len(set(ks)) == 1:
             desc["kernel_size"] = ks[0]
     fc = state_dict.get("head.fc.weight")
     desc["num_classes"] = int(fc.shape[0]) if fc is not None else 0
     return desc
+
+
+def infer_model_kwargs(state_dict: Mapping[str, Tensor]) -> dict[str, Any]:
+    """The constructor kwargs of a WTConvNeXt read off its state dict (this project's layout), on top of
+    :data:`CUSTOM_BASE`'s defaults.
+
+    Always ``depths``, ``dims``, ``wt_levels`` and ``kernel_sizes`` (so that the result, printed as a hint, is
+    complete); the other shape-visible choices only where they differ from the defaults: ``patch_size``,
+    ``mlp_ratio``, ``conv_bias``, ``ls_init_value=None`` (no layer scale), ``head_norm_first``,
+    ``head_hidden_size``, ``norm_layer='rmsnorm'``. ``num_classes`` and ``in_chans`` are not included (the
+    converter takes them from the state dict). What the tensors cannot show (activation, norm epsilon, drop rates)
+    keeps the defaults.
+    """
+    desc = describe_state_dict(state_dict)
+    ks = desc.get("kernel_sizes") or []
+    kw: dict[str, Any] = {
+        "depths": desc.get("depths"),
+        "dims": desc.get("dims"),
+        "wt_levels": desc.get("wt_levels"),
+        "kernel_sizes": ks[0] if ks and len(set(ks)) == 1 else ks,
+    }
+    stem = state_dict.get("stem.0.weight")
+    if stem is not None and stem.dim() == 4 and stem.shape[-1] != 4:
+        kw["patch_size"] = int(stem.shape[-1])
+    fc1 = state_dict.get("stages.0.blocks.0.mlp.fc1.weight")
+    dims = desc.get("dims") or [None]
+    if fc1 is not None and dims[0]:
+        ratio = fc1.shape[0] / dims[0]
+        if ratio != 4.0:
+            kw["mlp_ratio"] = ratio
+    if stem is not None and "stem.0.bias" not in state_dict:
+        kw["conv_bias"] = False
+    if "stages.0.blocks.0.conv_dw.weight" in state_dict and "stages.0.blocks.0.gamma" not in state_dict:
+        kw["ls_init_value"] = None
+    if "norm_pre.weight" in state_dict:
+        kw["head_norm_first"] = True
+    pre = state_dict.get("head.pre_logits.fc.weight")
+    if pre is not None:
+        kw["head_hidden_size"] = int(pre.shape[0])
+    if "stem.1.weight" in state_dict and "stem.1.bias" not in state_dict:
+        kw["norm_layer"] = "rmsnorm"
+    return kw
 
 
 def _registered_variants() -> list[str]:
@@ -416,31 +407,30 @@ def _fillable(key: str, state_dict: Mapping[str, Tensor]) -> bool:
     return False
 
 
+def _shapes(state_dict: Mapping[str, Tensor]) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in state_dict.items()}
+
+
 def _diff(state_dict: Mapping[str, Tensor], expected: Mapping[str, tuple[int, ...]]):
-    missing = [k for k in expected if k not in state_dict and not _fillable(k, state_dict)]
-    unexpected = [k for k in state_dict if k not in expected]
-    misshaped = [k for k in expected if k in state_dict and tuple(state_dict[k].shape) != expected[k]]
-    return missing, unexpected, misshaped
+    return key_mismatch(_shapes(state_dict), expected, lambda k: _fillable(k, state_dict))
 
 
 def _format_diff(state_dict: Mapping[str, Tensor], expected: Mapping[str, tuple[int, ...]]) -> str:
-    missing, unexpected, misshaped = _diff(state_dict, expected)
-    parts = []
+    return format_key_mismatch(_shapes(state_dict), expected, lambda k: _fillable(k, state_dict))
 
-    def names(keys: list[str], fmt: Callable[[str], str]) -> str:
-        more = f" (+{len(keys) - _MAX_NAMED_KEYS} more)" if len(keys) > _MAX_NAMED_KEYS else ""
-        return ", ".join(fmt(k) for k in keys[:_MAX_NAMED_KEYS]) + more
 
-    if missing:
-        parts.append(f"{len(missing)} missing key(s): " + names(missing, str))
-    if unexpected:
-        parts.append(f"{len(unexpected)} unexpected key(s): " + names(unexpected, str))
-    if misshaped:
-        parts.append(
-            f"{len(misshaped)} mis-shaped key(s): "
-            + names(misshaped, lambda k: f"{k} {tuple(state_dict[k].shape)} vs model {expected[k]}")
-        )
-    return "; ".join(parts)
+def _custom_fit(state_dict: Mapping[str, Tensor]) -> tuple[dict[str, Any], str]:
+    """The configuration read off the tensors, and what it leaves unexplained ('' when it fits exactly)."""
+    custom = infer_model_kwargs(state_dict)
+    try:
+        expected = _meta_shapes(CUSTOM_BASE, _build_kwargs(state_dict, custom))
+    except Exception as e:  # noqa: BLE001  (an unreadable configuration cannot be built: say why)
+        return custom, f"it cannot be built ({e})"
+    return custom, _format_diff(state_dict, expected)
+
+
+def _hint(kwargs: Mapping[str, Any]) -> str:
+    return f"--model {CUSTOM_BASE} --model-kwargs '{json.dumps(dict(kwargs))}'"
 
 
 def infer_variant(
@@ -460,8 +450,10 @@ def infer_variant(
         The variant name.
 
     Raises:
-        ConversionError: ``model_name`` is unknown or does not fit (the message names the differing keys), or no
-            registered variant fits, or several do.
+        ConversionError: ``model_name`` is unknown or does not fit (the message names the differing keys and, when
+            the tensors show one, the configuration that does fit), or no registered variant fits (the message
+            gives the complete ``--model`` / ``--model-kwargs`` of the checkpoint's own configuration), or several
+            do. :func:`infer_architecture` builds the checkpoint's own configuration instead of failing.
     """
     model_kwargs = dict(model_kwargs or {})
     names = _registered_variants()
@@ -474,12 +466,13 @@ def infer_variant(
         except Exception as e:  # a bad --model-kwargs value surfaces as any constructor error
             raise ConversionError(f"cannot build {model_name} with kwargs {json.dumps(kw)}: {e}") from None
         if any(_diff(state_dict, expected)):
-            raise ConversionError(
-                f"checkpoint does not fit {model_name}"
-                + (f" with kwargs {json.dumps(model_kwargs)}" if model_kwargs else "")
-                + ": "
-                + _format_diff(state_dict, expected)
-            )
+            msg = (f"checkpoint does not fit {model_name}"
+                   + (f" with kwargs {json.dumps(model_kwargs)}" if model_kwargs else "")
+                   + ": " + _format_diff(state_dict, expected))
+            custom, leftover = _custom_fit(state_dict)
+            if not leftover:
+                msg += f"; the checkpoint's own configuration is {_hint(custom)}"
+            raise ConversionError(msg)
         return model_name
     if not names:
         raise ConversionError("no *wtconvnext* model is registered with timm")
@@ -501,17 +494,61 @@ def infer_variant(
     if not scores:
         raise ConversionError(f"no registered variant can be built with {json.dumps(kw)}: {build_errors[0]}")
     desc = describe_state_dict(state_dict)
-    hint = {k: desc[k] for k in ("depths", "dims") if k in desc}
     msg = (
         "no registered WTConvNeXt variant fits the checkpoint "
         f"(depths {desc.get('depths')}, dims {desc.get('dims')}, wt_levels {desc.get('wt_levels')}, "
-        f"kernel_size {desc.get('kernel_size')}, num_classes {desc.get('num_classes')})"
+        f"kernel_size {desc.get('kernel_size', desc.get('kernel_sizes'))}, num_classes {desc.get('num_classes')})"
     )
-    if scores:
-        _, closest, expected = min(scores, key=lambda t: t[0])
-        msg += f"; closest is {closest}: {_format_diff(state_dict, expected)}"
-    msg += f"; for a custom configuration pass --model NAME --model-kwargs '{json.dumps(hint)}'"
+    _, closest, expected = min(scores, key=lambda t: t[0])
+    msg += f"; closest is {closest}: {_format_diff(state_dict, expected)}"
+    custom, leftover = _custom_fit(state_dict)
+    if leftover:
+        msg += f"; the configuration read off its tensors, {_hint(custom)}, does not fit either: {leftover}"
+    else:
+        msg += f"; its configuration is {_hint(custom)}"
     raise ConversionError(msg)
+
+
+def infer_architecture(
+    state_dict: Mapping[str, Tensor],
+    model_name: Optional[str] = None,
+    model_kwargs: Optional[Mapping[str, Any]] = None,
+    recorded: Optional[RecordedConfig] = None,
+) -> tuple[str, dict[str, Any], str]:
+    """Decide which model a state dict (this project's layout) is, and check that it fits exactly.
+
+    In order: ``model_name`` / ``model_kwargs`` when given; else the model a checkpoint records (a converted
+    file's metadata, a training checkpoint's ``args``); else the registered variant whose every key and shape
+    matches; else :data:`CUSTOM_BASE` with the configuration read off the tensors (:func:`infer_model_kwargs`).
+
+    Returns:
+        ``(name, model_kwargs, source)``; ``source`` says which rule decided: ``'arguments'``, the recorded
+        config's source, ``'registered variant'`` or ``'inferred from the tensors'``.
+
+    Raises:
+        ConversionError: the chosen model does not fit (naming the keys), or nothing does.
+    """
+    model_kwargs = dict(model_kwargs or {})
+    if model_name is None and model_kwargs:
+        raise ConversionError("--model-kwargs needs --model")
+    if model_name is not None:
+        return infer_variant(state_dict, model_name, model_kwargs), model_kwargs, "arguments"
+    if recorded is not None and recorded.model:
+        try:
+            infer_variant(state_dict, recorded.model, recorded.model_kwargs)
+        except ConversionError as e:
+            raise ConversionError(f"the {recorded.source} names model {recorded.model} "
+                                  f"{json.dumps(recorded.model_kwargs)}, but: {e} (pass --model to override)") from None
+        return recorded.model, dict(recorded.model_kwargs), recorded.source
+    try:
+        return infer_variant(state_dict), {}, "registered variant"
+    except ConversionError as e:
+        if not str(e).startswith("no registered WTConvNeXt variant fits"):
+            raise
+        custom, leftover = _custom_fit(state_dict)
+        if leftover:
+            raise
+        return CUSTOM_BASE, custom, "inferred from the tensors"
 
 
 def _fill_scales(state_dict: dict[str, Tensor], expected: Mapping[str, tuple[int, ...]]) -> list[str]:
@@ -545,28 +582,60 @@ def _force_reference_backend(model: nn.Module) -> nn.Module:
 def create_model_from_converted(path: str | os.PathLike, **kwargs: Any) -> nn.Module:
     """Build the model a converted file describes and load it through timm's pretrained path.
 
-    Reads ``architecture``, ``model_kwargs`` and ``num_classes`` from the file's metadata, then calls
-    ``timm.create_model(architecture, pretrained=True, pretrained_cfg_overlay=dict(file=path,
-    num_classes=num_classes), num_classes=num_classes, **model_kwargs, **kwargs)``.
+    Reads ``architecture``, ``model_kwargs``, ``num_classes`` and (when recorded) ``data_config`` from the file's
+    metadata, then calls ``timm.create_model(architecture, pretrained=True, pretrained_cfg_overlay=dict(file=path,
+    num_classes=num_classes, **data_config), num_classes=num_classes, **model_kwargs, **kwargs)``. The recorded
+    data config thus lands in ``model.pretrained_cfg``, where ``timm.data.resolve_data_config(model=model)`` finds
+    the input size, crop, interpolation, mean and std the weights were trained for.
 
     Args:
         path: a file written by :func:`convert_checkpoint`.
         **kwargs: further ``create_model`` arguments (they override the stored ones).
+
+    Raises:
+        CheckpointError: the file is unreadable, truncated, or was not written by ``wtconvnext-convert``.
     """
     import timm
-    from safetensors import safe_open
 
     from . import models as _models  # noqa: F401  (registers the entry points)
 
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        meta = dict(f.metadata() or {})
+    obj, meta = load_checkpoint_file(path)  # the shared loader: one-line errors for any unreadable file
+    del obj
     if meta.get("format") != FORMAT_NAME:
-        raise ValueError(f"'{path}' was not written by wtconvnext-convert (metadata format={meta.get('format')!r})")
-    build = json.loads(meta.get("model_kwargs", "{}"))
-    build["num_classes"] = int(meta["num_classes"])
+        kind = "a torch checkpoint" if not meta and not str(path).endswith(".safetensors") else (
+            f"metadata format={meta.get('format')!r}")
+        raise CheckpointError(
+            f"'{path}' was not written by wtconvnext-convert ({kind}); convert it with wtconvnext-convert, or load "
+            "it with timm.create_model(NAME, pretrained=True, pretrained_cfg_overlay=dict(file=...))"
+        )
+    recorded = recorded_config(None, meta)
+    build = dict(recorded.model_kwargs)
+    build["num_classes"] = recorded.num_classes
     build.update(kwargs)
-    overlay = dict(file=str(path), num_classes=build["num_classes"])
-    return timm.create_model(meta["architecture"], pretrained=True, pretrained_cfg_overlay=overlay, **build)
+    overlay: dict[str, Any] = dict(file=str(path), num_classes=build["num_classes"])
+    if recorded.data_config:
+        data = dict(recorded.data_config)
+        for key in ("input_size", "mean", "std"):
+            if key in data:
+                data[key] = tuple(data[key])
+        overlay.update(data)
+    return timm.create_model(recorded.model, pretrained=True, pretrained_cfg_overlay=overlay, **build)
+
+
+def _logit_error(a: Tensor, b: Tensor) -> tuple[float, float, int]:
+    """``(max_abs, max_rel, nonfinite)``: errors over the logits finite in both; ``inf`` when the non-finite
+    logits (NaN, ±Inf) are not the same in both; ``nonfinite`` counts the positions where both are non-finite."""
+    fa, fb = torch.isfinite(a), torch.isfinite(b)
+    if not torch.equal(fa, fb):
+        return math.inf, math.inf, int((~fa).sum())
+    na, nb = a[~fa], b[~fb]
+    if not bool(((na == nb) | (na.isnan() & nb.isnan())).all()):
+        return math.inf, math.inf, int((~fa).sum())
+    if not bool(fa.any()):
+        return 0.0, 0.0, int((~fa).sum())
+    max_abs = (a[fa] - b[fa]).abs().max().item()
+    scale = max(a[fa].abs().max().item(), torch.finfo(torch.float32).tiny)
+    return max_abs, max_abs / scale, int((~fa).sum())
 
 
 def verify_checkpoint(
@@ -595,7 +664,9 @@ def verify_checkpoint(
 
     Returns:
         ``(max_abs_err, max_rel_err)`` of the logits, the relative error being max |a - b| / max |a| over the
-        batch (element-wise ratios are meaningless for logits near zero).
+        batch (element-wise ratios are meaningless for logits near zero). Logits that are non-finite in both
+        (a source with NaN / Inf weights, converted with ``allow_nonfinite``) count as equal when they are the same
+        values at the same positions; any other difference in finiteness is an infinite error.
     """
     import timm
 
@@ -618,8 +689,8 @@ def verify_checkpoint(
     x = torch.randn(batch_size, kw.get("in_chans", 3), image_size, image_size, generator=g)
     with torch.no_grad():
         a, b = src(x).double(), dst(x).double()
-    max_abs = (a - b).abs().max().item()
-    return max_abs, max_abs / max(a.abs().max().item(), torch.finfo(torch.float32).tiny)
+    max_abs, max_rel, _ = _logit_error(a, b)
+    return max_abs, max_rel
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -707,6 +778,20 @@ def _ema_flag(wrapper: str) -> str:
     return "true" if any(part in _EMA_WRAPPERS for part in wrapper.split("/")) else "false"
 
 
+def _resolved_data_config(recorded: Optional[RecordedConfig], name: str, kw: Mapping[str, Any]) -> dict[str, Any]:
+    """The full data config the source records (resolved against the model's defaults, as its run did); {} if
+    it records none."""
+    if recorded is None or not recorded.data_config:
+        return {}
+    from timm.data import resolve_data_config
+
+    try:
+        return plain_data_config(resolve_data_config(dict(recorded.data_config), model=_meta_model(name, kw)))
+    except Exception as e:  # noqa: BLE001  (a malformed record: say which)
+        raise ConversionError(f"the {recorded.source} has an unusable data config "
+                              f"{json.dumps(recorded.data_config)}: {e}") from None
+
+
 def convert_checkpoint(
     src: str | os.PathLike,
     dst: str | os.PathLike,
@@ -717,6 +802,7 @@ def convert_checkpoint(
     tolerance: float = 1e-5,
     image_size: int = 64,
     force: bool = False,
+    allow_nonfinite: bool = False,
     log: Optional[Callable[[str], None]] = None,
 ) -> dict[str, str]:
     """Convert a checkpoint to a folded ``.safetensors`` file in this project's layout.
@@ -724,13 +810,16 @@ def convert_checkpoint(
     Args:
         src: input checkpoint (``.pth`` / ``.pt`` / ``.bin`` / ``.safetensors``; any supported layout/wrapper).
         dst: output path, must end in ``.safetensors``.
-        model_name: registered variant; inferred from the shapes when None.
-        model_kwargs: constructor overrides for configurations no registered variant has (stored in metadata).
+        model_name: timm entry point; by default the one the source records (a converted file's metadata, a
+            training checkpoint's ``args``), else the registered variant that fits, else :data:`CUSTOM_BASE` with
+            the configuration read off the tensors (:func:`infer_architecture`).
+        model_kwargs: constructor overrides for ``model_name`` (stored in metadata).
         prefer_ema: take ``state_dict_ema`` / ``model_ema`` when present.
         verify: check the converted file against the unfolded source before moving it into place.
         tolerance: largest accepted relative logit error for ``verify``.
         image_size: input size for ``verify``.
         force: replace an existing ``dst``.
+        allow_nonfinite: convert weights with NaN / Inf values (an error otherwise, naming the tensor).
         log: receives progress lines (``main`` prints them); silent when None.
 
     Returns:
@@ -743,39 +832,52 @@ def convert_checkpoint(
     say = log or (lambda _msg: None)
     src, dst = Path(src), Path(dst)
     _check_output(dst, force)
-    obj, src_meta = load_checkpoint_file(src)
+    try:
+        obj, src_meta = load_checkpoint_file(src)
+        recorded = recorded_config(obj, src_meta)
+    except CheckpointError as e:
+        raise ConversionError(str(e)) from None
     raw, wrapper = select_state_dict(obj, prefer_ema=prefer_ema)
     del obj  # an optimizer state can be as large as the weights; do not hold it through the conversion
+    bad = nonfinite_tensors(raw)
+    if bad and not allow_nonfinite:
+        raise ConversionError(f"{describe_nonfinite(bad, 'source tensor')}; pass --allow-nonfinite to convert anyway")
+    if bad:
+        say(f"warning: {describe_nonfinite(bad, 'source tensor')} (--allow-nonfinite: converted as they are)")
     layout = detect_layout({_strip_prefixes(k): v for k, v in raw.items()})
     sd = normalize_state_dict(raw)
 
-    # A file this tool wrote knows its own architecture; use it unless the caller says otherwise.
-    if model_name is None and model_kwargs is None and src_meta.get("format") == FORMAT_NAME:
-        model_name = src_meta.get("architecture")
-        model_kwargs = json.loads(src_meta.get("model_kwargs", "{}"))
-    model_kwargs = dict(model_kwargs or {})
-    if model_kwargs and model_name is None:
-        raise ConversionError("--model-kwargs needs --model")
-    name = infer_variant(sd, model_name, model_kwargs)
-    kw = _build_kwargs(sd, model_kwargs)
+    name, arch_kwargs, how = infer_architecture(sd, model_name, model_kwargs, recorded)
+    kw = _build_kwargs(sd, arch_kwargs)
     filled = _fill_scales(sd, _meta_shapes(name, kw))
     say(
         f"{src.name}: {layout} layout, weights from "
         + (f"'{wrapper}'" if wrapper != "none" else "a flat state dict")
         + f", architecture {name}"
-        + (f" {json.dumps(model_kwargs)}" if model_kwargs else "")
+        + (f" {json.dumps(arch_kwargs)}" if arch_kwargs else "")
+        + f" ({how})"
         + (f", {len(filled)} missing scale(s) set to 1" if filled else "")
     )
     try:
         folded = fold_scales(sd)
     except ValueError as e:
         raise ConversionError(f"cannot fold scales: {e}") from None
+    # Folding multiplies in float64 and rounds once: a product past the dtype's range (float16's 65504) is Inf.
+    already = {k for k, _, _ in nonfinite_tensors(sd)}
+    overflow = [t for t in nonfinite_tensors(folded) if t[0] not in already]
+    if overflow:
+        what = f"folded tensor (its scale times its weight overflows {folded[overflow[0][0]].dtype})"
+        if not allow_nonfinite:
+            raise ConversionError(f"{describe_nonfinite(overflow, what)}; pass --allow-nonfinite to convert anyway")
+        say(f"warning: {describe_nonfinite(overflow, what)} (--allow-nonfinite)")
 
     stored_kwargs = {k: v for k, v in kw.items() if k != "num_classes"}
+    data_config = _resolved_data_config(recorded, name, kw)
     metadata = {
         "format": FORMAT_NAME,
         "architecture": name,
         "model_kwargs": json.dumps(stored_kwargs, sort_keys=True),
+        "model_source": how,
         "num_classes": str(kw["num_classes"]),
         "folded": "true",
         "source_file": src.name,
@@ -785,6 +887,9 @@ def convert_checkpoint(
         "ema": _ema_flag(wrapper),
         "converter_version": CONVERTER_VERSION,
     }
+    if data_config:
+        metadata["data_config"] = json.dumps(data_config)
+        say(f"data config from the {recorded.source}: {json.dumps(data_config)}")
     from safetensors.torch import save_file
 
     with _temp_beside(dst) as tmp:
@@ -830,11 +935,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("input", help="checkpoint to convert (.pth / .pt / .bin / .safetensors)")
     p.add_argument("output", help="file to write (.safetensors)")
-    p.add_argument("--model", help="registered variant (default: inferred from the tensor shapes)")
+    p.add_argument("--model", help="timm entry point (default: the one the checkpoint records, else the registered "
+                   "variant that fits, else a custom configuration read off the tensors)")
     p.add_argument(
         "--model-kwargs",
         metavar="JSON",
-        help="constructor overrides for a configuration no registered variant has, e.g. "
+        help="constructor overrides for --model, e.g. "
         "'{\"depths\": [1, 1, 2, 1], \"dims\": [16, 32, 64, 128]}' (needs --model; stored in the metadata)",
     )
     p.add_argument("--no-ema", action="store_true", help="take 'state_dict' / 'model' even if EMA weights exist")
@@ -842,6 +948,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=1e-5, help="--verify: max relative logit error (1e-5)")
     p.add_argument("--image-size", type=int, default=64, help="--verify: input size (64)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
+    p.add_argument("--allow-nonfinite", action="store_true",
+                   help="convert weights with NaN / Inf values (by default an error naming the tensor)")
     return p
 
 
@@ -861,9 +969,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             tolerance=args.tolerance,
             image_size=args.image_size,
             force=args.force,
+            allow_nonfinite=args.allow_nonfinite,
             log=lambda msg: print(msg, flush=True),
         )
-    except ConversionError as e:
+    except CheckpointError as e:
         print(f"wtconvnext-convert: error: {e}", file=sys.stderr)
         return e.exit_code
     return 0

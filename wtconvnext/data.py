@@ -28,9 +28,11 @@ from torch.utils.data import Dataset, Sampler, get_worker_info
 
 __all__ = [
     "DIGITS_NUM_CLASSES",
+    "DataError",
     "ResumableSampler",
     "SeededDataset",
     "ShardSampler",
+    "create_dataset_checked",
     "data_root",
     "digits_root",
     "mix_seed",
@@ -298,3 +300,48 @@ def seed_worker(worker_id: int, seed: int = 0) -> None:
     anything else a worker might draw (a custom collate, say) so that no worker starts from an arbitrary state.
     """
     seed_rngs(mix_seed(seed, -1, worker_id))  # -1: no epoch (persistent workers outlive epochs)
+
+
+class DataError(ValueError):
+    """A dataset cannot be used as given (missing or empty directory, unknown class map...): a one-line message."""
+
+
+def create_dataset_checked(name: str, root: Optional[str], split: str, download: bool = False,
+                           class_map: str = "", **kwargs) -> Dataset:
+    """timm's ``create_dataset``, with the mistakes a user makes reported as one-line :class:`DataError`s.
+
+    timm answers a missing folder root with a bare ``AssertionError`` and an empty one with a ``RuntimeError``
+    from deep inside its reader; this names the directory (or class map) and the split instead.
+
+    Args:
+        name: timm dataset name ('' for an image folder; ``torch/...``, ``hfds/...``, ...).
+        root: the dataset root (``--data-dir``).
+        split: the split to load.
+        download: allow download (``torch/`` datasets), in which case the root need not exist yet.
+        class_map: optional class-map file.
+        **kwargs: further ``create_dataset`` arguments.
+    """
+    from timm.data import create_dataset
+
+    folder = not name or name.lower() in ("folder", "imagefolder", "image_folder")
+    if root is not None and not download and (folder or not name.startswith(("hfds/", "hfids/", "tfds/", "wds/"))):
+        if not os.path.exists(root):
+            raise DataError(f"data directory '{root}' does not exist")
+        if folder and not os.path.isdir(root) and not root.endswith((".tar", ".tar.gz")):
+            raise DataError(f"data directory '{root}' is not a directory")
+    if root is None and folder:
+        raise DataError("no data directory: pass --data-dir (an image folder with train/ and val/ sub-folders)")
+    if class_map and not os.path.isfile(class_map):
+        raise DataError(f"class map '{class_map}' does not exist")
+    try:
+        dataset = create_dataset(name, root=root, split=split, download=download, class_map=class_map, **kwargs)
+    except (RuntimeError, FileNotFoundError, AssertionError, ValueError) as e:
+        detail = " ".join(str(e).split()) or type(e).__name__
+        raise DataError(f"cannot load the '{split}' split of {name or 'image folder'} '{root}': {detail}") from None
+    try:
+        size = len(dataset)
+    except TypeError:  # iterable datasets have no length
+        return dataset
+    if size == 0:
+        raise DataError(f"the '{split}' split of '{root}' holds no images")
+    return dataset
