@@ -508,3 +508,281 @@ def weight_grads(
             out.append(g.reshape(k * k, 4, ch).permute(1, 0, 2))
         hs, ws = hc, wc
     return base, out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Model A2: explicit columns. A thread owns channels, not positions: the strip's BW output columns and the
+# BW + K - 1 input columns they read are separate (BC,) tensors, so every loaded input value feeds all K * K taps
+# it meets (K rows in flight x up to K columns) instead of the K of a shifted window.
+
+
+@triton.jit
+def _dw_cols_kernel(
+    x_ptr,  # (B, H, W, CC) dense
+    acc_ptr,  # (B, H, W, CC) added to the output (HAS_ACC)
+    y_ptr,  # (B, ceil(H / STRIDE), ceil(W / STRIDE), CC)
+    w_ptr,  # (K, K, CC)
+    b_ptr,  # (CC,) (HAS_BIAS)
+    H, W, STRIPS,
+    CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, STRIDE: tl.constexpr,
+    HAS_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr,
+):
+    PAD: tl.constexpr = K // 2
+    NI: tl.constexpr = BW + K - 1
+    pid = tl.program_id(0)
+    b = (pid // STRIPS).to(tl.int64)
+    n0 = (pid % STRIPS) * BW
+    cc = tl.program_id(1) * BC + tl.arange(0, BC)
+    cmask = cc < CC
+    wts = _load_weights(w_ptr, cc, cmask, 1, K, CC, COMPUTE)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + cc, mask=cmask, other=0.0).to(COMPUTE)
+    inm = ()
+    for i in tl.static_range(NI):
+        inm = inm + (cmask & (n0 + (i - PAD) >= 0) & (n0 + (i - PAD) < W),)
+    outm = ()
+    for q in tl.static_range(BW):
+        if STRIDE > 1:
+            outm = outm + (cmask & (n0 + q < W) & ((n0 + q) % STRIDE == 0),)
+        else:
+            outm = outm + (cmask & (n0 + q < W),)
+    rs = (W * CC).to(tl.int64)
+    xb = x_ptr + b * H * rs + n0 * CC + cc
+    ab = acc_ptr + b * H * rs + n0 * CC + cc
+    Ho = (H + STRIDE - 1) // STRIDE
+    Wo = (W + STRIDE - 1) // STRIDE
+    ors = (Wo * CC).to(tl.int64)
+    yb = y_ptr + b * Ho * ors + cc
+    acc = ()
+    for _ in tl.static_range(K * BW):
+        acc = acc + (tl.zeros((BC,), dtype=COMPUTE),)
+    for r in range(-PAD, H + PAD):
+        row_ok = (r >= 0) & (r < H)
+        p = xb + r * rs
+        for i in tl.static_range(NI):
+            v = tl.load(p + (i - PAD) * CC, mask=inm[i] & row_ok, other=0.0).to(COMPUTE)
+            new = ()
+            for j in tl.static_range(K):  # slot j: output row r - PAD + j, tap row K - 1 - j
+                for q in tl.static_range(BW):
+                    if (i - q >= 0) and (i - q < K):
+                        if FLIP:
+                            wv = wts[j * K + (K - 1 - (i - q))]
+                        else:
+                            wv = wts[(K - 1 - j) * K + (i - q)]
+                        new = new + (acc[j * BW + q] + wv * v,)
+                    else:
+                        new = new + (acc[j * BW + q],)
+            acc = new
+        o = r - PAD
+        if (o >= 0) & (o % STRIDE == 0):
+            yo = yb + (o // STRIDE) * ors
+            for q in tl.static_range(BW):
+                out = acc[q]
+                if HAS_BIAS:
+                    out += bias
+                if HAS_ACC:
+                    out += tl.load(ab + o * rs + q * CC, mask=outm[q], other=0.0).to(COMPUTE)
+                tl.store(yo + ((n0 + q) // STRIDE) * CC, out.to(y_ptr.dtype.element_ty), mask=outm[q])
+        new = ()
+        for s in tl.static_range(BW, K * BW):
+            new = new + (acc[s],)
+        for _ in tl.static_range(BW):
+            new = new + (tl.zeros((BC,), dtype=COMPUTE),)
+        acc = new
+
+
+@triton.jit
+def _wgrad_cols_kernel(
+    x_ptr,  # (B, H, W, CC) dense
+    g_ptr,  # (B, H, W, CC) dense: dy
+    part_ptr,  # (GROUPS * STRIPS, K * K, CC) fp32: one row of partial sums per program
+    H, W, STRIPS, IMGS, B,
+    CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, COMPUTE: tl.constexpr,
+):
+    """d w[ky, kx] = sum over positions of dy(o, n) * x(o + ky - PAD, n + kx - PAD): a program walks the x rows
+    of IMGS images for BW columns, keeping the K dy rows that an x row pairs with (K * BW values)."""
+    PAD: tl.constexpr = K // 2
+    NI: tl.constexpr = BW + K - 1
+    pid = tl.program_id(0)
+    grp = pid // STRIPS
+    n0 = (pid % STRIPS) * BW
+    cc = tl.program_id(1) * BC + tl.arange(0, BC)
+    cmask = cc < CC
+    inm = ()
+    for i in tl.static_range(NI):
+        inm = inm + (cmask & (n0 + (i - PAD) >= 0) & (n0 + (i - PAD) < W),)
+    gm = ()
+    for q in tl.static_range(BW):
+        gm = gm + (cmask & (n0 + q < W),)
+    rs = (W * CC).to(tl.int64)
+    acc = ()
+    for _ in tl.static_range(K * K):
+        acc = acc + (tl.zeros((BC,), dtype=COMPUTE),)
+    for im in range(IMGS):
+        bi = grp * IMGS + im
+        bok = bi < B
+        xb = x_ptr + bi.to(tl.int64) * H * rs + n0 * CC + cc
+        gb = g_ptr + bi.to(tl.int64) * H * rs + n0 * CC + cc
+        dq = ()  # dy rows r - PAD .. r + PAD (slot j * BW + q)
+        for _ in tl.static_range((PAD + 1) * BW):
+            dq = dq + (tl.zeros((BC,), dtype=COMPUTE),)
+        for j in tl.static_range(PAD):
+            for q in tl.static_range(BW):
+                dq = dq + (tl.load(gb + j * rs + q * CC, mask=gm[q] & bok & (j < H), other=0.0).to(COMPUTE),)
+        for r in range(0, H):
+            rg = r + PAD
+            new = ()
+            for s in tl.static_range(BW, K * BW):
+                new = new + (dq[s],)
+            for q in tl.static_range(BW):
+                new = new + (tl.load(gb + rg * rs + q * CC, mask=gm[q] & bok & (rg < H), other=0.0).to(COMPUTE),)
+            dq = new
+            p = xb + r * rs
+            for i in tl.static_range(NI):
+                v = tl.load(p + (i - PAD) * CC, mask=inm[i] & bok, other=0.0).to(COMPUTE)
+                upd = ()
+                for ky in tl.static_range(K):
+                    for kx in tl.static_range(K):
+                        if (i - kx >= 0) and (i - kx < BW):
+                            upd = upd + (acc[ky * K + kx] + v * dq[(K - 1 - ky) * BW + (i - kx)],)
+                        else:
+                            upd = upd + (acc[ky * K + kx],)
+                acc = upd
+    dst = part_ptr + pid.to(tl.int64) * K * K * CC + cc
+    for t in tl.static_range(K * K):
+        tl.store(dst + t * CC, acc[t], mask=cmask)
+
+
+@triton.jit
+def _synth_kernel(
+    t_ptr,  # (B, hc, wc, 4, C) filtered subbands of this level (synthesis 1/2 folded in)
+    accin_ptr,  # (B, hc, wc, C) synthesis of the coarser levels (HAS_ACC)
+    dst_ptr,  # (B, Hs, Ws, C)
+    Hs, Ws, hc, wc, TILES_N, TILES,
+    C: tl.constexpr, HAS_ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr,
+    COMPUTE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = (pid // TILES).to(tl.int64)
+    tile = pid % TILES
+    s = tl.arange(0, BM * BN)[:, None]
+    m = (tile // TILES_N) * BM + s // BN
+    n = (tile % TILES_N) * BN + s % BN
+    cc = tl.program_id(1) * BC + tl.arange(0, BC)[None, :]
+    inside = (m < hc) & (n < wc) & (cc < C)
+    pos = b * hc * wc + m.to(tl.int64) * wc + n
+    tp = t_ptr + pos * (4 * C) + cc
+    t0 = tl.load(tp, mask=inside, other=0.0).to(COMPUTE)
+    t1 = tl.load(tp + C, mask=inside, other=0.0).to(COMPUTE)
+    t2 = tl.load(tp + 2 * C, mask=inside, other=0.0).to(COMPUTE)
+    t3 = tl.load(tp + 3 * C, mask=inside, other=0.0).to(COMPUTE)
+    if HAS_ACC:
+        t0 += 0.5 * tl.load(accin_ptr + pos * C + cc, mask=inside, other=0.0).to(COMPUTE)
+    pp = t0 + t1
+    qq = t0 - t1
+    rr = t2 + t3
+    ss = t2 - t3
+    fr = 2 * m
+    fc = 2 * n
+    top = dst_ptr + b * Hs * Ws * C + (fr.to(tl.int64) * Ws + fc) * C + cc
+    ty = dst_ptr.dtype.element_ty
+    ml = inside
+    mr = inside & (fc + 1 < Ws)
+    mb = fr + 1 < Hs
+    tl.store(top, (pp + rr).to(ty), mask=ml)
+    tl.store(top + C, (pp - rr).to(ty), mask=mr)
+    tl.store(top + Ws * C, (qq + ss).to(ty), mask=ml & mb)
+    tl.store(top + Ws * C + C, (qq - ss).to(ty), mask=mr & mb)
+
+
+def _cols_bc(cc: int, cap: int) -> int:
+    return _bc(cc, cap)
+
+
+def dw_cols(x: Tensor, w: Tensor, bias: Optional[Tensor] = None, acc: Optional[Tensor] = None, stride: int = 1,
+            flip: bool = False, bw: int = 8, bc: int = 64, warps: int = 2, out_dtype: Optional[torch.dtype] = None,
+            ) -> Tensor:
+    """Depthwise K x K conv of the dense (B, H, W, CC) ``x`` with (K, K, CC) ``w``; returns dense
+    (B, ceil(H/stride), ceil(W/stride), CC)."""
+    bsz, h, wd, cc = x.shape
+    k = w.shape[0]
+    y = torch.empty((bsz, _cdiv(h, stride), _cdiv(wd, stride), cc), device=x.device, dtype=out_dtype or x.dtype)
+    strips = _cdiv(wd, bw)
+    bcx = _cols_bc(cc, bc)
+    _dw_cols_kernel[(bsz * strips, _cdiv(cc, bcx))](
+        x, x if acc is None else acc, y, w, w if bias is None else bias, h, wd, strips,
+        CC=cc, K=k, BW=bw, BC=bcx, STRIDE=stride, HAS_ACC=acc is not None, HAS_BIAS=bias is not None, FLIP=flip,
+        COMPUTE=_compute(x.dtype), num_warps=warps)
+    return y
+
+
+def wgrad_cols(x: Tensor, g: Tensor, k: int, bw: int = 8, bc: int = 64, imgs: int = 4, warps: int = 2) -> Tensor:
+    """(K*K, CC) correlations of dense (B, H, W, CC) x and dy, partials summed in a fixed order."""
+    bsz, h, wd, cc = x.shape
+    strips = _cdiv(wd, bw)
+    groups = _cdiv(bsz, imgs)
+    bcx = _cols_bc(cc, bc)
+    part = torch.empty((groups * strips, k * k, cc), device=x.device, dtype=torch.float32)
+    _wgrad_cols_kernel[(groups * strips, _cdiv(cc, bcx))](
+        x, g, part, h, wd, strips, imgs, bsz, CC=cc, K=k, BW=bw, BC=bcx, COMPUTE=_compute(x.dtype), num_warps=warps)
+    return part.sum(0)
+
+
+def synth(t: Tensor, accin: Optional[Tensor], hs: int, ws: int, out_dtype: torch.dtype) -> Tensor:
+    bsz, hc, wc, _, ch = t.shape
+    dst = torch.empty((bsz, hs, ws, ch), device=t.device, dtype=out_dtype)
+    bm, bn = 4, 4
+    tn = _cdiv(wc, bn)
+    tiles = _cdiv(hc, bm) * tn
+    bc = _bc(ch, 64)
+    _synth_kernel[(bsz * tiles, _cdiv(ch, bc))](
+        t, t if accin is None else accin, dst, hs, ws, hc, wc, tn, tiles, C=ch, HAS_ACC=accin is not None,
+        BM=bm, BN=bn, BC=bc, COMPUTE=_compute(t.dtype), num_warps=4)
+    return dst
+
+
+def forward_cols(
+    x: Tensor, base_w: Tensor, base_b: Optional[Tensor], level_w: Tensor, stride: int = 1, flip: bool = False,
+    bw: int = 8, bc: int = 64, warps: int = 2, coefs: Optional[list[Tensor]] = None,
+    mid_dtype: Optional[torch.dtype] = None,
+) -> Tensor:
+    """Model A2: analysis, per level a depthwise conv over the 4C subband channels and a synthesis step, then the
+    base conv plus the synthesised levels. Returns y channels-last (B, C, ceil(H/stride), ceil(W/stride))."""
+    xd = _dense(x)
+    bsz, ch, h, w = xd.shape
+    levels, k = level_w.shape[0], base_w.shape[0]
+    mid = mid_dtype or x.dtype
+    if coefs is None:
+        coefs = coefficients(xd, levels)
+    sizes = [(h, w)]
+    for _ in range(levels):
+        sizes.append(((sizes[-1][0] + 1) // 2, (sizes[-1][1] + 1) // 2))
+    lw = level_w.permute(0, 2, 3, 1, 4).reshape(levels, k, k, 4 * ch)  # prototype: would be the fold's layout
+    acc: Optional[Tensor] = None
+    for i in range(levels, 0, -1):
+        co = coefs[i - 1]
+        hc, wc = sizes[i]
+        t = dw_cols(co.view(bsz, hc, wc, 4 * ch), lw[i - 1], flip=flip, bw=bw, bc=bc, warps=warps, out_dtype=mid)
+        acc = synth(t.view(bsz, hc, wc, 4, ch), acc, sizes[i - 1][0], sizes[i - 1][1], mid)
+    y = dw_cols(xd.permute(0, 2, 3, 1), base_w, base_b, acc, stride, flip, bw, bc, warps)
+    return y.permute(0, 3, 1, 2)
+
+
+def weight_grads_cols(
+    x: Tensor, dy: Tensor, levels: int, k: int, bw: int = 8, bc: int = 64, imgs: int = 4, warps: int = 2,
+    xsrc: Optional[list[Tensor]] = None, gsrc: Optional[list[Tensor]] = None,
+) -> tuple[Tensor, list[Tensor]]:
+    """As :func:`weight_grads` (model A), with the explicit-column kernel."""
+    x, dy = _dense(x), _dense(dy)
+    bsz, ch, h, w = x.shape
+    if xsrc is None:
+        xsrc = coefficients(x, levels)
+    if gsrc is None:
+        gsrc = coefficients(dy, levels)
+    base = wgrad_cols(x.permute(0, 2, 3, 1), dy.permute(0, 2, 3, 1), k, bw, bc, imgs, warps)
+    out = []
+    for i in range(levels):
+        _, hc, wc, _, _ = xsrc[i].shape
+        g = wgrad_cols(xsrc[i].view(bsz, hc, wc, 4 * ch), gsrc[i].view(bsz, hc, wc, 4 * ch), k, bw, bc, imgs, warps)
+        out.append(g.reshape(k * k, 4, ch).permute(1, 0, 2))
+    return base, out
