@@ -98,12 +98,12 @@ EXIT_SIMULATED_KILL = 3  # exit status of --stop-after-updates
 # ----------------------------------------------------------------------------------------------------------------------
 # Arguments: a YAML config sets the defaults, the command line overrides them (as in timm's train.py).
 
-config_parser = OneLineArgumentParser(add_help=False)
+config_parser = OneLineArgumentParser(prog="train.py", add_help=False)
 config_parser.add_argument("-c", "--config", default="", metavar="FILE", help="YAML config whose keys are flag dests")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineArgumentParser(description="WTConvNeXt training", parents=[config_parser],
+    p = OneLineArgumentParser(prog="train.py", description="WTConvNeXt training", parents=[config_parser],
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("Dataset")
     g.add_argument("--data-dir", default=None, help="dataset root (ImageFolder with train/ and val/)")

@@ -270,7 +270,7 @@ def write_results(results: dict[str, Any], path: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """Flags keep the names and meanings of timm's validate.py."""
-    p = OneLineArgumentParser(description=__doc__.split("\n\n")[0],
+    p = OneLineArgumentParser(prog="validate.py", description=__doc__.split("\n\n")[0],
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data-dir", default=None, help="dataset root (ImageFolder with a val/ folder); "
                    "default: the embedded digits")
@@ -397,15 +397,15 @@ def _main(args: argparse.Namespace) -> dict[str, Any]:
     if num_classes is not None:
         create_kwargs["num_classes"] = num_classes
     model = create_model_checked(model_name, pretrained=args.pretrained, **create_kwargs)
+    loaded = ""
+    if obj is not None:
+        loaded = load_model_weights(model, obj, use_ema=args.use_ema)
+        del obj  # the optimizer state of a train.py checkpoint can be large
     dataset_classes = infer_num_classes(dataset)
     model_classes = getattr(model, "num_classes", None)
     if dataset_classes and model_classes and dataset_classes > model_classes:
         raise ScriptError(f"the dataset has {dataset_classes} classes but {model_name} predicts {model_classes}; "
                           "pass --num-classes (and a checkpoint with that many) or another --data-dir / --class-map")
-    loaded = ""
-    if obj is not None:
-        loaded = load_model_weights(model, obj, use_ema=args.use_ema)
-        del obj  # the optimizer state of a train.py checkpoint can be large
     param_count = sum(p.numel() for p in model.parameters())
     _logger.info(f"Model {model_name} ({param_count / 1e6:.2f}M params, from the {model_source}), "
                  f"checkpoint {args.checkpoint or '-'} ({loaded or 'no weights loaded'})")
