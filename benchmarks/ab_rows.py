@@ -49,10 +49,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="results/ab_rows.json")
     ap.add_argument("--shapes", nargs="+", type=int, default=[0, 1, 2, 3])
-    ap.add_argument("--configs", nargs="+", default=["8,32,4", "16,32,4", "8,64,4"],
+    ap.add_argument("--configs", nargs="*", default=["8,16,4", "8,32,8"],
                     help="BW,BC,warps of the row kernels")
     ap.add_argument("--imgs", nargs="+", type=int, default=[4], help="images per weight-gradient program")
     ap.add_argument("--models", nargs="+", default=["A", "B"])
+    ap.add_argument("--a2-configs", nargs="*", default=["8,32,1,4", "8,64,2,4", "8,64,1,4"],
+                    help="BW,BC,warps,images-per-weight-gradient-program of the explicit-column kernels (model A2)")
+    ap.add_argument("--profile", action="store_true", help="kernel table of A2's first config")
     ap.add_argument("--rep", type=int, default=60)
     args = ap.parse_args(argv)
     torch.backends.cudnn.benchmark = True
@@ -109,6 +112,37 @@ def main(argv=None) -> int:
         v7_fwd(), v7_dgrad()
         corr = v7_wgrad()  # (L + 1, 4, TP, C)
         add(shape, "v7", "today", _bench(v7_fwd, args.rep), _bench(v7_dgrad, args.rep), _bench(v7_wgrad, args.rep))
+
+        for cfg in args.a2_configs:
+            bw, bc, warps, imgs = (int(v) for v in cfg.split(","))
+            try:
+                def a2_fwd():
+                    return tr.forward_cols(x, base_w, base_b, level_w, 1, bw=bw, bc=bc, warps=warps)
+
+                def a2_dgrad():
+                    return tr.forward_cols(dy, base_w, None, level_w, 1, flip=True, bw=bw, bc=bc, warps=warps)
+
+                gsrc = tr.coefficients(dy, lv)
+
+                def a2_wgrad():
+                    return tr.weight_grads_cols(x, dy, lv, k, bw=bw, bc=bc, imgs=imgs, warps=warps, gsrc=gsrc)
+
+                y, dx = a2_fwd(), a2_dgrad()
+                base_g, lev_g = a2_wgrad()
+                e_b = _rel(base_g, corr[0, 0, : k * k])
+                e_l = max(_rel(lev_g[i], corr[i + 1, :, : k * k]) for i in range(lv))
+                add(shape, "A2", cfg, _bench(a2_fwd, args.rep), _bench(a2_dgrad, args.rep), _bench(a2_wgrad, args.rep),
+                    f"y {_rel(y, y_ref):.1e} dx {_rel(dx, dx_ref):.1e} dW {e_b:.1e} dWl {e_l:.1e}")
+                if args.profile and cfg == args.a2_configs[0]:
+                    from torch.profiler import ProfilerActivity, profile
+
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        for _ in range(5):
+                            a2_fwd(), a2_wgrad()
+                        torch.cuda.synchronize()
+                    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=40))
+            except Exception as e:
+                add(shape, "A2", cfg, err=f"failed: {type(e).__name__}: {str(e)[:300]}")
 
         for model in args.models:
             from_ll = model == "B"

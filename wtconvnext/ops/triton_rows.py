@@ -556,11 +556,19 @@ def _dw_cols_kernel(
     acc = ()
     for _ in tl.static_range(K * BW):
         acc = acc + (tl.zeros((BC,), dtype=COMPUTE),)
+    # Row r + 1 is loaded while row r is computed (loop-carried, raw dtype): the FMAs hide the load latency.
+    nxt = ()
+    for i in tl.static_range(NI):
+        nxt = nxt + (tl.zeros((BC,), dtype=x_ptr.dtype.element_ty),)
     for r in range(-PAD, H + PAD):
-        row_ok = (r >= 0) & (r < H)
-        p = xb + r * rs
+        cur = nxt
+        r1 = r + 1
+        p = xb + r1 * rs
+        nxt = ()
         for i in tl.static_range(NI):
-            v = tl.load(p + (i - PAD) * CC, mask=inm[i] & row_ok, other=0.0).to(COMPUTE)
+            nxt = nxt + (tl.load(p + (i - PAD) * CC, mask=inm[i] & (r1 >= 0) & (r1 < H), other=0.0),)
+        for i in tl.static_range(NI):
+            v = cur[i].to(COMPUTE)
             new = ()
             for j in tl.static_range(K):  # slot j: output row r - PAD + j, tap row K - 1 - j
                 for q in tl.static_range(BW):
@@ -629,17 +637,32 @@ def _wgrad_cols_kernel(
         for j in tl.static_range(PAD):
             for q in tl.static_range(BW):
                 dq = dq + (tl.load(gb + j * rs + q * CC, mask=gm[q] & bok & (j < H), other=0.0).to(COMPUTE),)
+        # Rows r + 1 of x and r + 1 + PAD of dy are loaded while row r is computed (raw dtype).
+        gn = ()
+        for q in tl.static_range(BW):
+            gn = gn + (tl.load(gb + PAD * rs + q * CC, mask=gm[q] & bok & (PAD < H), other=0.0),)
+        xn = ()
+        for i in tl.static_range(NI):
+            xn = xn + (tl.load(xb + (i - PAD) * CC, mask=inm[i] & bok, other=0.0),)
         for r in range(0, H):
-            rg = r + PAD
+            gc = gn
+            xc = xn
+            r1 = r + 1
+            rg = r1 + PAD
+            gn = ()
+            for q in tl.static_range(BW):
+                gn = gn + (tl.load(gb + rg * rs + q * CC, mask=gm[q] & bok & (rg < H), other=0.0),)
+            xn = ()
+            for i in tl.static_range(NI):
+                xn = xn + (tl.load(xb + r1 * rs + (i - PAD) * CC, mask=inm[i] & bok & (r1 < H), other=0.0),)
             new = ()
             for s in tl.static_range(BW, K * BW):
                 new = new + (dq[s],)
             for q in tl.static_range(BW):
-                new = new + (tl.load(gb + rg * rs + q * CC, mask=gm[q] & bok & (rg < H), other=0.0).to(COMPUTE),)
+                new = new + (gc[q].to(COMPUTE),)
             dq = new
-            p = xb + r * rs
             for i in tl.static_range(NI):
-                v = tl.load(p + (i - PAD) * CC, mask=inm[i] & bok, other=0.0).to(COMPUTE)
+                v = xc[i].to(COMPUTE)
                 upd = ()
                 for ky in tl.static_range(K):
                     for kx in tl.static_range(K):
