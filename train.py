@@ -728,6 +728,10 @@ def _main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     else:
         loss_fn = nn.CrossEntropyLoss()
 
+    if args.sched == "plateau" and args.sched_on_updates:
+        # The plateau schedule reacts to each epoch's eval metric, so it can only step on epochs.
+        _logger.info("--sched plateau steps on epochs (the eval metric's); --sched-on-updates does not apply")
+        args.sched_on_updates = False
     scheduler, num_epochs = create_scheduler_v2(
         optimizer, sched=args.sched, num_epochs=args.epochs, decay_epochs=args.decay_epochs,
         decay_rate=args.decay_rate, min_lr=args.min_lr, warmup_lr=args.warmup_lr,
@@ -786,7 +790,11 @@ def _main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         del ckpt
     if args.sched_on_updates:
         scheduler.step_update(num_updates=num_updates)
-    else:
+    elif not isinstance(scheduler, PlateauLRScheduler):
+        scheduler.step(start_epoch)
+    elif 0 < start_epoch <= scheduler.warmup_t:
+        # The plateau schedule's lr lives in the optimizer's param groups (restored above) once its warmup is over;
+        # stepping it to epoch 0 would even reset it to the warmup lr when there is no warmup.
         scheduler.step(start_epoch)
 
     # Wrappers: compile the model, then DDP around the compiled module. Evaluation uses the compiled module

@@ -238,7 +238,7 @@ def test_config_values_are_defaults_and_cli_wins(tmp_path):
 def test_config_unknown_key_is_an_error(tmp_path):
     cfg = tmp_path / "typo.yaml"
     cfg.write_text("epocs: 3\n")
-    with pytest.raises(SystemExit):
+    with pytest.raises(train.ScriptError, match=r"unknown keys \['epocs'\]"):
         train.parse_args(["-c", str(cfg)])
 
 
@@ -319,6 +319,22 @@ def test_train_then_validate_tiny_folder(tiny_folder, data_env, tmp_path):
     assert row["weights"] == "ema"
     assert float(row["top1"]) == pytest.approx(rows[-1]["eval_ema_top1"], abs=1e-3)
 
+    # The run's data config is in every checkpoint; wtconvnext-convert carries it (and the model) into the
+    # converted file, and validate.py evaluates that file at the run's 32 px / crop 1.0 with no flags (the
+    # model's own defaults, 160 px / crop 0.875, would give other numbers).
+    assert ckpt["data_config"]["input_size"] == [3, 32, 32] and ckpt["data_config"]["crop_pct"] == 1.0
+    from wtconvnext.convert import convert_checkpoint
+
+    converted = tmp_path / "run.safetensors"
+    convert_checkpoint(out / "last.pth.tar", converted, prefer_ema=False)
+    proc = run(validate_cmd("--checkpoint", str(converted), "--data-dir", str(tiny_folder), "--workers", "0",
+                            "--results-file", str(results)), data_env)
+    assert "Input size (3, 32, 32), crop_pct 1.0" in proc.stdout
+    res = json.loads(results.read_text())
+    assert (res["model"], res["input_size"], res["crop_pct"]) == ("test_wtconvnext", [3, 32, 32], 1.0)
+    assert res["top1"] == pytest.approx(rows[-1]["eval_top1"], abs=1e-3)
+    assert res["loss"] == pytest.approx(rows[-1]["eval_loss"], rel=1e-4)
+
     # A converted-style .safetensors file (flat, native keys) needs the model spelled out on the command line.
     from safetensors.torch import save_file
 
@@ -355,6 +371,103 @@ def test_resume_after_kill_mid_epoch_matches_uninterrupted(tiny_folder, data_env
     for key in ("state_dict", "state_dict_ema", "optimizer"):
         assert_state_equal(a[key], b[key], atol=0.0, what=f"{key}.")
     assert read_summary(tmp_path / "straight") == read_summary(killed)
+
+
+def test_resume_restores_a_stateful_scheduler(tiny_folder, data_env, tmp_path):
+    """The plateau schedule's state is the metric's history. Here top-5 over 4 classes is always 100, so after the
+    first epoch (which sets the best) every epoch is a plateau and, with no patience, halves the lr. A run killed in
+    epoch 1 and resumed must halve it at the end of epoch 1 as the uninterrupted run does; a resumed run that
+    forgot the scheduler would see 100 as a new best there and keep the lr, and its epoch 2 would differ. Resuming
+    the finished run then says so and changes nothing."""
+    recipe = [*TINY, "--data-dir", str(tiny_folder), "-b", "16", "--epochs", "3", "--warmup-epochs", "0",
+              "--sched", "plateau", "--patience-epochs", "0", "--decay-rate", "0.5", "--eval-metric", "top5",
+              "--output", str(tmp_path), "--checkpoint-hist", "1"]
+    run(train_cmd(*recipe, "--experiment", "straight"), data_env)
+    # 96 images / 16 = 6 updates per epoch; killed at update 9 (epoch 1), after the checkpoint at update 8.
+    run(train_cmd(*recipe, "--experiment", "killed", "--checkpoint-interval", "2", "--stop-after-updates", "9"),
+        data_env, expect=train.EXIT_SIMULATED_KILL)
+    killed = tmp_path / "killed"
+    assert load(killed / "last.pth.tar")["next_epoch"] == 1
+    run(train_cmd(*recipe, "--resume", str(killed / "last.pth.tar")), data_env)
+
+    straight = read_summary(tmp_path / "straight")
+    assert [r["lr"] for r in straight] == pytest.approx([2e-3, 1e-3, 5e-4])  # the schedule really is stateful
+    assert read_summary(killed) == straight
+    a, b = load(tmp_path / "straight" / "last.pth.tar"), load(killed / "last.pth.tar")
+    for key in ("state_dict", "optimizer", "scheduler"):
+        assert_state_equal(a[key], b[key], atol=0.0, what=f"{key}.")
+    assert a["scheduler"]["plateau"]["best"] == 100.0
+
+    before = {p.name: p.stat().st_mtime_ns for p in killed.iterdir()}
+    proc = run(train_cmd(*recipe, "--resume", str(killed / "last.pth.tar")), data_env)
+    assert "Nothing to do" in proc.stderr and "3 of 3 epochs done" in proc.stderr and "final:" not in proc.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in killed.iterdir()} == before
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# One line for every ordinary mistake
+
+
+def _train_failing(argv: list[str], capsys) -> str:
+    """train.main must exit with status 2 and print exactly one line on stderr; returns that line."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        train.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, err
+    lines = [line for line in err.strip().splitlines() if "FutureWarning" not in line]
+    assert len(lines) == 1 and lines[0].startswith("train.py: error: "), err
+    return lines[0]
+
+
+def test_train_bad_input_is_one_line(tiny_folder, tmp_path, capsys, golden_model_args):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    base = [*TINY, "-b", "16", "--epochs", "1", "--output", str(tmp_path)]
+    data = ["--data-dir", str(tiny_folder)]
+    truncated = tmp_path / "truncated.pth.tar"
+    truncated.write_bytes(golden_model_args[0].read_bytes()[:5000])
+    noise = tmp_path / "noise.pth.tar"
+    noise.write_bytes(bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8)))
+    cases = [
+        ([*base, "--data-dir", str(tmp_path / "nowhere")], "data directory", "does not exist"),
+        ([*base, "--data-dir", str(empty)], "Found 0 images", str(empty)),
+        ([*base, *data, "--model", "wtconvnext_tinyy"], "unknown model 'wtconvnext_tinyy'", "wtconvnext_tiny"),
+        (["-c", str(tmp_path / "missing.yaml"), *data], "config file", "does not exist"),
+        (["-c", str(REPO / "configs" / "wtconvnext_tiny_in1k.yaml")], "no data: pass --data-dir", ""),
+        ([*base, *data, "--resume", str(tmp_path / "nope.pth.tar")], "no such file", "nope.pth.tar"),
+        ([*base, *data, "--resume", str(tmp_path)], "no such file", "last.pth.tar"),
+        ([*base, *data, "--resume", str(truncated)], "truncated or corrupt", str(truncated)),
+        ([*base, *data, "--resume", str(noise)], "not a valid checkpoint", str(noise)),
+        ([*base, *data, "--resume", str(golden_model_args[0])], "not a train.py checkpoint", "--initial-checkpoint"),
+        ([*base, *data, "--initial-checkpoint", str(golden_model_args[0])], "checkpoint does not fit",
+         "mis-shaped key(s)"),
+        ([*base, *data, "--epochs", "x"], "invalid int value: 'x'", "see --help"),
+    ]
+    for argv, *fragments in cases:
+        line = _train_failing(argv, capsys)
+        for fragment in fragments:
+            assert fragment in line, (argv, line)
+
+
+def test_train_resume_with_other_model_flags_is_one_line(tiny_folder, data_env, tmp_path, capsys):
+    """Resuming with flags that build another model (here the default wt_levels) names the keys that differ."""
+    run(train_cmd(*TINY, "--data-dir", str(tiny_folder), "-b", "48", "--epochs", "1", "--val-split", "",
+                  "--output", str(tmp_path), "--experiment", "one"), data_env)
+    other = [a if a != '{"wt_levels": [2, 1, 1, 1]}' else '{"wt_levels": [3, 1, 1, 1]}' for a in TINY]
+    line = _train_failing([*other, "--data-dir", str(tiny_folder), "-b", "48", "--epochs", "2", "--resume",
+                           str(tmp_path / "one")], capsys)
+    assert "checkpoint does not fit test_wtconvnext" in line
+    assert "mis-shaped key(s): stages.0.blocks.0.conv_dw.wavelet_weight (2, 24, 4, 5, 5) vs model (3, 24, 4, 5, 5)" \
+        in line
+
+
+def test_train_script_entry_point_prints_no_traceback(data_env, tmp_path):
+    proc = run(train_cmd("--data-dir", str(tmp_path / "nowhere"), "--model", "test_wtconvnext", "--device", "cpu"),
+               data_env, expect=2)
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"train.py: error: data directory '{tmp_path / 'nowhere'}' does not exist")
+    assert "Traceback" not in proc.stderr
 
 
 def _free_port() -> int:

@@ -23,6 +23,7 @@ What a checkpoint records (:func:`recorded_config`):
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import pickle
@@ -55,6 +56,8 @@ __all__ = [
 DATA_CONFIG_KEYS = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
 # Flags of train.py / validate.py (and timm's scripts) that resolve_data_config reads.
 _DATA_ARG_KEYS = ("input_size", "img_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
+# OSErrors of torch.load that mean the file could not be read, rather than that its content is damaged.
+_IO_ERRNOS = (errno.EACCES, errno.EPERM, errno.EIO, errno.ENOENT, errno.EISDIR, errno.ENXIO)
 # Error messages name at most this many keys of each kind (missing / unexpected / mis-shaped).
 MAX_NAMED_KEYS = 5
 
@@ -145,9 +148,11 @@ def load_checkpoint_file(path: str | os.PathLike) -> tuple[Any, dict[str, str]]:
             f"cannot read '{path}': not a valid checkpoint (corrupt, or neither a torch nor a safetensors file)"
         ) from None
     except OSError as e:
-        if e.errno is None:  # e.g. zipfile's errors derive from OSError without an errno: a corrupt file
-            raise CheckpointError(f"cannot read '{path}': truncated or corrupt checkpoint ({e})") from None
-        raise CheckpointError(f"cannot read checkpoint '{path}': {e.strerror or e}") from None
+        if e.errno in _IO_ERRNOS:  # the file could be opened a moment ago: access or device trouble
+            raise CheckpointError(f"cannot read checkpoint '{path}': {e.strerror or e}") from None
+        # zipfile's errors carry no errno; a truncated zip makes torch's reader seek past the end (EINVAL)
+        raise CheckpointError(f"cannot read '{path}': truncated or corrupt checkpoint "
+                              f"({e.strerror or _first_sentence(e)})") from None
     except Exception as e:  # noqa: BLE001
         # Whatever a loader raises on a damaged file (EOFError, RuntimeError from the zip reader, ...), the file is
         # unreadable; say so in one line.
