@@ -9,6 +9,7 @@ a subprocess to prove the entry point.
 
 from __future__ import annotations
 
+import argparse
 import errno
 import json
 import os
@@ -27,6 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+import wtconvnext.checkpoint
 import wtconvnext.convert as convert
 from conftest import GOLDEN, GOLDEN_INDEX, rel_err
 from wtconvnext import WTConv2d, checkpoint_filter_fn, unwrap_checkpoint
@@ -45,6 +47,9 @@ GOLDEN_KWARGS: dict[str, Any] = CASE["kwargs"]  # depths, dims, num_classes
 ARCH_KWARGS = {k: v for k, v in GOLDEN_KWARGS.items() if k != "num_classes"}
 # The golden config is no registered variant: the entry point named here only supplies the defaults it overrides.
 GOLDEN_MODEL_ARGS = ["--model", "wtconvnext_tiny", "--model-kwargs", json.dumps(ARCH_KWARGS)]
+# What the converter reads off the golden tensors: the index's kwargs plus the levels and kernel size they show.
+INFERRED_KWARGS = {**ARCH_KWARGS, "wt_levels": [5, 4, 3, 2], "kernel_sizes": 5}
+GOLDEN_HINT = f"--model wtconvnext_tiny --model-kwargs '{json.dumps(INFERRED_KWARGS)}'"
 REFERENCE_KEYS: dict[str, dict[str, list[int]]] = json.loads((GOLDEN / "reference_state_dict_keys.json").read_text())
 TOL = 1e-5
 
@@ -242,6 +247,7 @@ def test_golden_through_cli(
         "format": "wtconvnext",
         "architecture": "wtconvnext_tiny",
         "model_kwargs": json.dumps(ARCH_KWARGS, sort_keys=True),
+        "model_source": "arguments",
         "num_classes": "10",
         "folded": "true",
         "source_file": GOLDEN_CKPT.name,
@@ -308,6 +314,177 @@ def test_select_state_dict_agrees_with_loader(prefer_ema: bool, golden_ckpt: dic
     ckpt = dict(golden_ckpt, state_dict={k: v + 1 for k, v in golden_ckpt["state_dict"].items()})
     mine, _ = select_state_dict(ckpt, prefer_ema=prefer_ema)
     assert_same_tensors(mine, unwrap_checkpoint(ckpt, prefer_ema=prefer_ema))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# No flags needed: recorded, registered or read off the tensors
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["reference", "fused"])
+def test_unregistered_configuration_needs_no_flags(
+    layout: str, tmp_path: Path, capsys: pytest.CaptureFixture, golden_ckpt: dict, golden_io: dict
+) -> None:
+    src = GOLDEN_CKPT
+    if layout == "fused":
+        src = tmp_path / "fused.pth"
+        torch.save(to_fused_layout(golden_ckpt["state_dict_ema"]), src)
+    out = tmp_path / "out.safetensors"
+    rc, stdout, err = run_cli([src, out, "--verify", "--image-size", "32"], capsys)
+    assert rc == 0, err
+    assert "(inferred from the tensors)" in stdout
+    meta = read_metadata(out)
+    assert (meta["architecture"], meta["model_source"], meta["source_layout"]) == (
+        "wtconvnext_tiny", "inferred from the tensors", layout)
+    assert json.loads(meta["model_kwargs"]) == INFERRED_KWARGS and meta["num_classes"] == "10"
+    assert "data_config" not in meta  # a reference checkpoint records no preprocessing
+    check_against_golden(create_model_from_converted(out), golden_io)
+
+
+def test_mismatch_hint_is_complete(tmp_path: Path, capsys: pytest.CaptureFixture, golden_io: dict) -> None:
+    """The configuration printed for a checkpoint that does not fit --model, followed as printed, converts it."""
+    rc, _, err = run_cli([GOLDEN_CKPT, tmp_path / "a.safetensors", "--model", "wtconvnext_atto"], capsys)
+    assert rc == 2
+    m = re.search(r"--model (\S+) --model-kwargs '([^']+)'", err)
+    assert m, err
+    out = tmp_path / "b.safetensors"
+    rc, _, err = run_cli([GOLDEN_CKPT, out, "--model", m.group(1), "--model-kwargs", m.group(2)], capsys)
+    assert rc == 0, err
+    check_against_golden(create_model_from_converted(out), golden_io)
+
+
+def _small_model(seed: int) -> torch.nn.Module:
+    """test_wtconvnext (GELU-tanh, LayerNorm eps 1e-5: nothing its tensors show) with 2 levels on the first stage."""
+    torch.manual_seed(seed)
+    model = timm.create_model("test_wtconvnext", num_classes=5, wt_levels=[2, 1, 1, 1])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("gamma", "_scale")):
+                p.uniform_(0.5, 1.5)  # blocks that matter, scales far from 1
+    return model.eval()
+
+
+def test_train_checkpoint_records_model_and_data_config(tmp_path: Path) -> None:
+    model = _small_model(0)
+    args = {"model": "test_wtconvnext", "model_kwargs": {"wt_levels": [2, 1, 1, 1]}, "num_classes": 5,
+            "img_size": 32, "input_size": None, "crop_pct": 1.0, "interpolation": "", "mean": None, "std": None,
+            "crop_mode": None}
+    data_config = {"input_size": [3, 32, 32], "interpolation": "bilinear", "mean": [0.5, 0.5, 0.5],
+                   "std": [0.25, 0.25, 0.25], "crop_pct": 1.0, "crop_mode": "center"}
+    src = tmp_path / "last.pth.tar"
+    torch.save({"state_dict": model.state_dict(), "args": args, "data_config": data_config, "next_epoch": 3,
+                "optimizer": {}}, src)
+    out = tmp_path / "out.safetensors"
+    meta = convert_checkpoint(src, out, verify=True, image_size=32)
+    assert (meta["architecture"], meta["model_source"]) == ("test_wtconvnext", "train.py checkpoint")
+    assert json.loads(meta["model_kwargs"]) == {"wt_levels": [2, 1, 1, 1]}
+    assert json.loads(meta["data_config"]) == data_config
+
+    converted = create_model_from_converted(out).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert rel_err(converted(x), model(x)) <= TOL
+    # The record reaches timm's data config of the model built from the file.
+    from timm.data import resolve_data_config
+
+    resolved = resolve_data_config({}, model=converted)
+    assert (resolved["input_size"], resolved["crop_pct"], resolved["interpolation"]) == ((3, 32, 32), 1.0, "bilinear")
+    assert tuple(resolved["mean"]) == (0.5, 0.5, 0.5)
+
+    # The same weights without the record look like a custom configuration on the reference defaults: the record
+    # is what says which entry point (activation, norm epsilon) they belong to.
+    torch.save(model.state_dict(), tmp_path / "flat.pth")
+    meta = convert_checkpoint(tmp_path / "flat.pth", tmp_path / "flat.safetensors")
+    assert (meta["architecture"], meta["model_source"]) == ("wtconvnext_tiny", "inferred from the tensors")
+
+
+def test_timm_training_checkpoint_with_namespace_args(tmp_path: Path) -> None:
+    """timm's train.py pickles its arguments as an argparse.Namespace: loaded (weights-only, allow-listed), used."""
+    model = _small_model(1)
+    args = argparse.Namespace(model="test_wtconvnext", model_kwargs={"wt_levels": [2, 1, 1, 1]}, num_classes=5,
+                              img_size=None, input_size=[3, 48, 48], crop_pct=0.9, interpolation="bilinear",
+                              mean=None, std=None, crop_mode=None, lr=0.1)
+    src = tmp_path / "model_best.pth.tar"
+    torch.save({"epoch": 7, "arch": "wtconvnext", "state_dict": model.state_dict(), "args": args}, src)
+    meta = convert_checkpoint(src, tmp_path / "out.safetensors")
+    assert (meta["architecture"], meta["model_source"]) == ("test_wtconvnext", "training checkpoint arguments")
+    data = json.loads(meta["data_config"])
+    assert (data["input_size"], data["crop_pct"], data["interpolation"]) == ([3, 48, 48], 0.9, "bilinear")
+    assert data["mean"] == pytest.approx([0.485, 0.456, 0.406])  # unset in the run: the model's default, as it used
+
+
+def test_recorded_model_that_does_not_fit_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    model = _small_model(2)
+    src = tmp_path / "ckpt.pth"
+    torch.save({"state_dict": model.state_dict(), "args": {"model": "test_wtconvnext"}, "next_epoch": 1}, src)
+    before = listing(tmp_path)
+    rc, _, err = run_cli([src, tmp_path / "out.safetensors"], capsys)
+    assert_clean_failure(rc, err, tmp_path, before, "the train.py checkpoint names model test_wtconvnext",
+                         "wavelet_weight (2, 24, 4, 5, 5) vs model (5, 24, 4, 5, 5)",
+                         "configuration is --model test_wtconvnext --model-kwargs '{\"depths\": [1, 2, 4, 2], "
+                         "\"dims\": [24, 32, 48, 64], \"wt_levels\": [2, 1, 1, 1], \"kernel_sizes\": 5}'",
+                         "pass --model to override")
+    rc, _, err = run_cli([src, tmp_path / "out.safetensors", "--model", "test_wtconvnext", "--model-kwargs",
+                          '{"wt_levels": [2, 1, 1, 1]}'], capsys)
+    assert rc == 0, err
+
+
+@pytest.mark.parametrize("config", [
+    dict(depths=(1, 2, 1, 1), dims=(8, 16, 24, 32), kernel_sizes=(3, 5, 7, 3), wt_levels=(0, 1, 2, 3), patch_size=2,
+         mlp_ratio=3.0, conv_bias=False, in_chans=1, num_classes=7),
+    dict(depths=(2, 1, 1), dims=(8, 16, 24), wt_levels=2, head_norm_first=True, norm_layer="rmsnorm", num_classes=5),
+    dict(depths=(1, 1, 1, 1), dims=(8, 16, 24, 32), kernel_sizes=7, head_hidden_size=12, num_classes=0),
+], ids=["per-stage", "three-stages", "hidden-head"])
+def test_configuration_read_off_the_tensors_rebuilds_them(config: dict) -> None:
+    """Every key and shape of a WTConvNeXt no registered variant has (built on the meta device) comes back."""
+    with torch.device("meta"):
+        model = timm.create_model("wtconvnext_tiny", **config)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    name, kwargs, how = convert.infer_architecture(model.state_dict())
+    assert (name, how) == (convert.CUSTOM_BASE, "inferred from the tensors")
+    full = convert._build_kwargs(model.state_dict(), kwargs)
+    assert full.get("in_chans", 3) == config.get("in_chans", 3) and full["num_classes"] == config["num_classes"]
+    with torch.device("meta"):
+        rebuilt = timm.create_model(name, **full)
+    assert {k: tuple(v.shape) for k, v in rebuilt.state_dict().items()} == shapes
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Non-finite weights
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_allow_nonfinite_converts_and_verifies(tmp_path: Path, capsys: pytest.CaptureFixture, golden_ckpt) -> None:
+    src, _, _ = _write_bad_input("nonfinite", tmp_path, golden_ckpt)
+    out = tmp_path / "out.safetensors"
+    rc, stdout, err = run_cli([src, out, *GOLDEN_MODEL_ARGS, "--allow-nonfinite", "--verify"], capsys)
+    assert rc == 0, err
+    assert "warning: source tensor 'stem.0.bias' has non-finite values" in stdout
+    tensors = load_file(out)
+    assert torch.isnan(tensors["stages.1.blocks.0.mlp.fc1.weight"][3, 5])
+    assert tensors["stem.0.bias"][0] == float("-inf")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading converted files
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_create_model_from_converted_refuses_other_files(tmp_path: Path) -> None:
+    with pytest.raises(wtconvnext.checkpoint.CheckpointError, match="not written by wtconvnext-convert"):
+        create_model_from_converted(GOLDEN_CKPT)  # a torch checkpoint, not a raw SafetensorError
+    plain = tmp_path / "plain.safetensors"
+    save_file({"w": torch.zeros(2)}, str(plain))
+    with pytest.raises(wtconvnext.checkpoint.CheckpointError, match="metadata format=None"):
+        create_model_from_converted(plain)
+    out = tmp_path / "ok.safetensors"
+    convert_checkpoint(GOLDEN_CKPT, out)
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(out.read_bytes()[:-500])
+    with pytest.raises(wtconvnext.checkpoint.CheckpointError, match="truncated or corrupt safetensors"):
+        create_model_from_converted(cut)
+    with pytest.raises(wtconvnext.checkpoint.CheckpointError, match="no such file"):
+        create_model_from_converted(tmp_path / "missing.safetensors")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -530,12 +707,35 @@ def _write_bad_input(kind: str, directory: Path, golden_ckpt: dict) -> tuple[Pat
     if kind == "misshaped_keys":
         torch.save({**ema, "stages.0.blocks.0.mlp.fc1.weight": torch.ones(63, 16)}, src)
         return src, args, ("mis-shaped key(s): stages.0.blocks.0.mlp.fc1.weight (63, 16) vs model (64, 16)",)
-    if kind == "no_variant_fits":
-        hint = '--model-kwargs \'{"depths": [1, 1, 2, 1], "dims": [16, 32, 64, 128]}\''
-        return GOLDEN_CKPT, [], ("no registered WTConvNeXt variant fits", hint)
     if kind == "model_mismatch":
         shape_note = "stem.0.weight (16, 3, 4, 4) vs model (96, 3, 4, 4)"
-        return GOLDEN_CKPT, ["--model", "wtconvnext_tiny"], ("does not fit wtconvnext_tiny", shape_note)
+        return GOLDEN_CKPT, ["--model", "wtconvnext_tiny"], ("does not fit wtconvnext_tiny", shape_note, GOLDEN_HINT)
+    if kind == "unreadable_config":
+        # Neither a registered variant nor a configuration the tensors describe: a stage without its first block.
+        torch.save({k: v for k, v in ema.items() if not k.startswith("stages.2.blocks.0.")}, src)
+        return src, [], ("no registered WTConvNeXt variant fits", "does not fit either")
+    if kind == "nonfinite":
+        bad = dict(ema)
+        bad["stages.1.blocks.0.mlp.fc1.weight"] = bad["stages.1.blocks.0.mlp.fc1.weight"].clone()
+        bad["stages.1.blocks.0.mlp.fc1.weight"][3, 5] = float("nan")
+        bad["stem.0.bias"] = bad["stem.0.bias"].clone()
+        bad["stem.0.bias"][0] = float("-inf")
+        torch.save({"state_dict_ema": bad}, src)
+        return src, args, ("source tensor 'stem.0.bias' has non-finite values (1 Inf) (and 1 more tensor(s))",
+                           "--allow-nonfinite")
+    if kind == "nonfinite_verify":
+        src, _, fragments = _write_bad_input("nonfinite", directory, golden_ckpt)
+        return src, [*args, "--verify"], fragments
+    if kind == "fold_overflow":
+        # float16 weights whose scale x weight passes float16's 65504 once folded.
+        half = {k: v.half() for k, v in ema.items()}
+        scale, weight = (f"stages.0.blocks.0.conv_dw.{n}.1.weight" for n in ("wavelet_scale", "wavelet_convs"))
+        half[scale], half[weight] = half[scale].clone(), half[weight].clone()
+        half[scale].view(-1)[2] = 60000.0  # channel 0, subband 2 of level 1
+        half[weight][2] = 2.0
+        torch.save(half, src)
+        return src, args, ("folded tensor (its scale times its weight overflows torch.float16) "
+                           "'stages.0.blocks.0.conv_dw.wavelet_weight' has non-finite values",)
     if kind == "unknown_model":
         return GOLDEN_CKPT, ["--model", "resnet50"], ("unknown model 'resnet50'", "wtconvnext_base")
     if kind == "bad_kwargs_json":
@@ -556,8 +756,9 @@ def _write_bad_input(kind: str, directory: Path, golden_ckpt: dict) -> tuple[Pat
 
 BAD_INPUTS = [
     "truncated", "truncated_safetensors", "random_bytes", "empty", "not_a_state_dict", "missing_keys",
-    "unexpected_keys", "misshaped_keys", "no_variant_fits", "model_mismatch", "unknown_model", "bad_kwargs_json",
-    "kwargs_without_model", "no_ema_only_ema", "missing_file", "directory",
+    "unexpected_keys", "misshaped_keys", "model_mismatch", "unreadable_config", "unknown_model", "bad_kwargs_json",
+    "kwargs_without_model", "no_ema_only_ema", "missing_file", "directory", "nonfinite", "nonfinite_verify",
+    "fold_overflow",
 ]
 
 
@@ -590,13 +791,13 @@ def test_unreadable_input(tmp_path: Path, capsys: pytest.CaptureFixture, monkeyp
         def denied(path: Path) -> bool:
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
 
-        monkeypatch.setattr(convert, "_is_safetensors", denied)
+        monkeypatch.setattr(wtconvnext.checkpoint, "_is_safetensors", denied)
     before = listing(tmp_path)
     try:
         rc, _, err = run_cli([src, tmp_path / "out.safetensors", *GOLDEN_MODEL_ARGS], capsys)
     finally:
         src.chmod(0o600)
-    assert_clean_failure(rc, err, tmp_path, before, "cannot read input", "Permission denied")
+    assert_clean_failure(rc, err, tmp_path, before, "cannot read checkpoint", "Permission denied")
 
 
 @pytest.mark.parametrize(

@@ -326,10 +326,10 @@ def infer_model_kwargs(state_dict: Mapping[str, Tensor]) -> dict[str, Any]:
 
     Always ``depths``, ``dims``, ``wt_levels`` and ``kernel_sizes`` (so that the result, printed as a hint, is
     complete); the other shape-visible choices only where they differ from the defaults: ``patch_size``,
-    ``mlp_ratio``, ``conv_bias``, ``ls_init_value=None`` (no layer scale), ``head_norm_first``,
-    ``head_hidden_size``, ``norm_layer='rmsnorm'``. ``num_classes`` and ``in_chans`` are not included (the
-    converter takes them from the state dict). What the tensors cannot show (activation, norm epsilon, drop rates)
-    keeps the defaults.
+    ``mlp_ratio``, ``conv_bias``, ``head_norm_first``, ``head_hidden_size``, ``norm_layer='rmsnorm'``.
+    ``num_classes`` and ``in_chans`` are not included (the converter takes them from the state dict). What the
+    tensors cannot show (activation, norm epsilon, drop rates) keeps the defaults. (A model without layer scale
+    cannot be built through ``timm.create_model``, which drops ``ls_init_value=None`` like every None kwarg.)
     """
     desc = describe_state_dict(state_dict)
     ks = desc.get("kernel_sizes") or []
@@ -350,8 +350,6 @@ def infer_model_kwargs(state_dict: Mapping[str, Tensor]) -> dict[str, Any]:
             kw["mlp_ratio"] = ratio
     if stem is not None and "stem.0.bias" not in state_dict:
         kw["conv_bias"] = False
-    if "stages.0.blocks.0.conv_dw.weight" in state_dict and "stages.0.blocks.0.gamma" not in state_dict:
-        kw["ls_init_value"] = None
     if "norm_pre.weight" in state_dict:
         kw["head_norm_first"] = True
     pre = state_dict.get("head.pre_logits.fc.weight")
@@ -419,18 +417,19 @@ def _format_diff(state_dict: Mapping[str, Tensor], expected: Mapping[str, tuple[
     return format_key_mismatch(_shapes(state_dict), expected, lambda k: _fillable(k, state_dict))
 
 
-def _custom_fit(state_dict: Mapping[str, Tensor]) -> tuple[dict[str, Any], str]:
-    """The configuration read off the tensors, and what it leaves unexplained ('' when it fits exactly)."""
+def _custom_fit(state_dict: Mapping[str, Tensor], base: str = CUSTOM_BASE) -> tuple[dict[str, Any], str]:
+    """The configuration read off the tensors (on ``base``'s defaults), and what it leaves unexplained ('' when it
+    fits exactly)."""
     custom = infer_model_kwargs(state_dict)
     try:
-        expected = _meta_shapes(CUSTOM_BASE, _build_kwargs(state_dict, custom))
+        expected = _meta_shapes(base, _build_kwargs(state_dict, custom))
     except Exception as e:  # noqa: BLE001  (an unreadable configuration cannot be built: say why)
         return custom, f"it cannot be built ({e})"
     return custom, _format_diff(state_dict, expected)
 
 
-def _hint(kwargs: Mapping[str, Any]) -> str:
-    return f"--model {CUSTOM_BASE} --model-kwargs '{json.dumps(dict(kwargs))}'"
+def _hint(kwargs: Mapping[str, Any], base: str = CUSTOM_BASE) -> str:
+    return f"--model {base} --model-kwargs '{json.dumps(dict(kwargs))}'"
 
 
 def infer_variant(
@@ -469,9 +468,13 @@ def infer_variant(
             msg = (f"checkpoint does not fit {model_name}"
                    + (f" with kwargs {json.dumps(model_kwargs)}" if model_kwargs else "")
                    + ": " + _format_diff(state_dict, expected))
-            custom, leftover = _custom_fit(state_dict)
-            if not leftover:
-                msg += f"; the checkpoint's own configuration is {_hint(custom)}"
+            # The named entry point with the configuration the tensors show (keeping what they cannot show, e.g.
+            # its activation), else the reference defaults with it.
+            for base in (model_name, CUSTOM_BASE):
+                custom, leftover = _custom_fit(state_dict, base)
+                if not leftover:
+                    msg += f"; the checkpoint's own configuration is {_hint(custom, base)}"
+                    break
             raise ConversionError(msg)
         return model_name
     if not names:
