@@ -114,7 +114,9 @@ def main(argv=None) -> int:
         add(shape, "v7", "today", _bench(v7_fwd, args.rep), _bench(v7_dgrad, args.rep), _bench(v7_wgrad, args.rep))
 
         for cfg in args.a2_configs:
-            bw, bc, warps, imgs = (int(v) for v in cfg.split(","))
+            fcfg, _, wcfg = cfg.partition(":")  # forward shape, and optionally the weight gradient's own
+            bw, bc, warps, imgs = (int(v) for v in fcfg.split(","))
+            wbw, wbc, wwarps = (int(v) for v in wcfg.split(",")) if wcfg else (bw, bc, warps)
             try:
                 def a2_fwd():
                     return tr.forward_cols(x, base_w, base_b, level_w, 1, bw=bw, bc=bc, warps=warps)
@@ -125,7 +127,7 @@ def main(argv=None) -> int:
                 gsrc = tr.coefficients(dy, lv)
 
                 def a2_wgrad():
-                    return tr.weight_grads_cols(x, dy, lv, k, bw=bw, bc=bc, imgs=imgs, warps=warps, gsrc=gsrc)
+                    return tr.weight_grads_cols(x, dy, lv, k, bw=wbw, bc=wbc, imgs=imgs, warps=wwarps, gsrc=gsrc)
 
                 y, dx = a2_fwd(), a2_dgrad()
                 base_g, lev_g = a2_wgrad()
