@@ -759,8 +759,9 @@ def _main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                 if loss_scaler is not None and ckpt.get(loss_scaler.state_dict_key):
                     loss_scaler.load_state_dict(ckpt[loss_scaler.state_dict_key])
             except (ValueError, KeyError) as e:
-                raise ScriptError(f"cannot restore the optimizer from '{path}' ({' '.join(str(e).split())}): resume "
-                                  "with the run's own optimizer flags (its args.yaml), or pass --no-resume-opt") from None
+                detail = " ".join(str(e).split())
+                raise ScriptError(f"cannot restore the optimizer from '{path}' ({detail}): resume with the run's "
+                                  "own optimizer flags (its args.yaml), or pass --no-resume-opt") from None
         if ema is not None:
             if ckpt.get("state_dict_ema") is not None:
                 load_weights(ema.module, ckpt["state_dict_ema"], what=f"the EMA of {what}")

@@ -411,10 +411,10 @@ def _main(args: argparse.Namespace) -> dict[str, Any]:
                  f"checkpoint {args.checkpoint or '-'} ({loaded or 'no weights loaded'})")
 
     data_config, data_source = resolve_eval_data_config(args, model, recorded)
+    mean, std = (tuple(round(v, 4) for v in data_config[k]) for k in ("mean", "std"))
     print(f"Input size {tuple(data_config['input_size'])}, crop_pct {data_config['crop_pct']}"
           f" ({data_config.get('crop_mode') or 'center'}), {data_config['interpolation']} interpolation, "
-          f"mean {tuple(round(v, 4) for v in data_config['mean'])}, std {tuple(round(v, 4) for v in data_config['std'])}"
-          f" (size and crop from {data_source})", flush=True)
+          f"mean {mean}, std {std} (size and crop from {data_source})", flush=True)
     model = model.to(device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)

@@ -450,13 +450,18 @@ def test_train_bad_input_is_one_line(tiny_folder, tmp_path, capsys, golden_model
             assert fragment in line, (argv, line)
 
 
-def test_train_resume_with_other_model_flags_is_one_line(tiny_folder, data_env, tmp_path, capsys):
-    """Resuming with flags that build another model (here the default wt_levels) names the keys that differ."""
-    run(train_cmd(*TINY, "--data-dir", str(tiny_folder), "-b", "48", "--epochs", "1", "--val-split", "",
-                  "--output", str(tmp_path), "--experiment", "one"), data_env)
+def test_train_resume_with_other_model_flags_is_one_line(tiny_folder, tmp_path, capsys):
+    """Resuming with flags that build another model (here 3 levels where the run had 2) names the keys that differ."""
+    import timm
+
+    model = timm.create_model("test_wtconvnext", num_classes=4, wt_levels=[2, 1, 1, 1])
+    run_dir = tmp_path / "one"
+    run_dir.mkdir()
+    torch.save({"state_dict": model.state_dict(), "optimizer": {}, "next_epoch": 1, "next_update": 0,
+                "num_updates": 2, "global_batch": 48}, run_dir / "last.pth.tar")
     other = [a if a != '{"wt_levels": [2, 1, 1, 1]}' else '{"wt_levels": [3, 1, 1, 1]}' for a in TINY]
     line = _train_failing([*other, "--data-dir", str(tiny_folder), "-b", "48", "--epochs", "2", "--resume",
-                           str(tmp_path / "one")], capsys)
+                           str(run_dir)], capsys)
     assert "checkpoint does not fit test_wtconvnext" in line
     assert "mis-shaped key(s): stages.0.blocks.0.conv_dw.wavelet_weight (2, 24, 4, 5, 5) vs model (3, 24, 4, 5, 5)" \
         in line
