@@ -366,8 +366,9 @@ def _small_model(seed: int) -> torch.nn.Module:
 
 def test_train_checkpoint_records_model_and_data_config(tmp_path: Path) -> None:
     model = _small_model(0)
-    args = {"model": "test_wtconvnext", "model_kwargs": {"wt_levels": [2, 1, 1, 1]}, "num_classes": 5,
-            "img_size": 32, "input_size": None, "crop_pct": 1.0, "interpolation": "", "mean": None, "std": None,
+    # A run on the GPU records its backend; the converted file must not (it would not build on a CPU).
+    args = {"model": "test_wtconvnext", "model_kwargs": {"wt_levels": [2, 1, 1, 1], "wtconv_backend": "triton"},
+            "num_classes": 5, "img_size": 32, "input_size": None, "crop_pct": 1.0, "interpolation": "", "mean": None, "std": None,
             "crop_mode": None}
     data_config = {"input_size": [3, 32, 32], "interpolation": "bilinear", "mean": [0.5, 0.5, 0.5],
                    "std": [0.25, 0.25, 0.25], "crop_pct": 1.0, "crop_mode": "center"}

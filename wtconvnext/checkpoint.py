@@ -58,6 +58,9 @@ DATA_CONFIG_KEYS = ("input_size", "interpolation", "mean", "std", "crop_pct", "c
 _DATA_ARG_KEYS = ("input_size", "img_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
 # OSErrors of torch.load that mean the file could not be read, rather than that its content is damaged.
 _IO_ERRNOS = (errno.EACCES, errno.EPERM, errno.EIO, errno.ENOENT, errno.EISDIR, errno.ENXIO)
+# Constructor kwargs that say how a model ran, not what it is: a record drops them, so that weights trained with,
+# say, the Triton backend on a GPU rebuild anywhere (flags can still set them).
+RUNTIME_KWARGS = ("wtconv_backend", "drop_rate", "drop_path_rate", "device", "dtype", "pretrained_cfg_overlay")
 # Error messages name at most this many keys of each kind (missing / unexpected / mis-shaped).
 MAX_NAMED_KEYS = 5
 
@@ -171,7 +174,7 @@ class RecordedConfig:
 
     Attributes:
         model: timm model name (None when the checkpoint does not name one).
-        model_kwargs: constructor kwargs beyond the name (not ``num_classes``).
+        model_kwargs: constructor kwargs beyond the name (not ``num_classes``, nor :data:`RUNTIME_KWARGS`).
         num_classes: classifier size, when recorded.
         data_config: the arguments for timm's ``resolve_data_config`` that the source had set (any of
             ``input_size``, ``img_size``, ``crop_pct``, ``crop_mode``, ``interpolation``, ``mean``, ``std``);
@@ -214,6 +217,10 @@ def data_config_from_args(args: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _architecture_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in kwargs.items() if k not in RUNTIME_KWARGS and k != "num_classes"}
+
+
 def recorded_config(obj: Any, metadata: Optional[Mapping[str, str]] = None) -> Optional[RecordedConfig]:
     """What a loaded checkpoint records about its model and data (see the module docstring); None if nothing.
 
@@ -232,7 +239,7 @@ def recorded_config(obj: Any, metadata: Optional[Mapping[str, str]] = None) -> O
             num_classes = int(metadata["num_classes"]) if "num_classes" in metadata else None
         except (ValueError, TypeError) as e:
             raise CheckpointError(f"malformed wtconvnext metadata: {e}") from None
-        return RecordedConfig(metadata.get("architecture"), dict(kwargs), num_classes, dict(data),
+        return RecordedConfig(metadata.get("architecture"), _architecture_kwargs(kwargs), num_classes, dict(data),
                               "converted-file metadata")
     if not isinstance(obj, Mapping):
         return None
@@ -249,7 +256,7 @@ def recorded_config(obj: Any, metadata: Optional[Mapping[str, str]] = None) -> O
     source = "train.py checkpoint" if "next_epoch" in obj else "training checkpoint arguments"
     return RecordedConfig(
         name if isinstance(name, str) and name else None,
-        dict(kwargs) if isinstance(kwargs, Mapping) else {},
+        _architecture_kwargs(kwargs) if isinstance(kwargs, Mapping) else {},
         int(num_classes) if isinstance(num_classes, int) and num_classes > 0 else None,
         data,
         source,
