@@ -40,11 +40,30 @@ def _cases():
         dict(C=96, K=5, TP=32, HAS_BIAS=False, BLOCK_C=64, COMPUTE=fp, ROUND=None)
 
 
+def _row_cases():
+    """The explicit-column kernels of issue 14's model A2 (``triton_rows``)."""
+    import triton.language as tl
+
+    from wtconvnext.ops import triton_rows as tr
+
+    f32, bf16, i32, fp = "*fp32", "*bf16", "i32", tl.float32
+    yield tr._analysis_kernel, dict(src_ptr=bf16, out_ptr=bf16, Hs=i32, Ws=i32, hc=i32, wc=i32, TILES_N=i32,
+                                    TILES=i32), dict(C=96, PIX=384, LL_ONLY=False, BM=4, BN=4, BC=64, COMPUTE=fp)
+    for flip, stride in ((False, 1), (True, 2)):
+        yield tr._dw_cols_kernel, dict(x_ptr=bf16, acc_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32, H=i32, W=i32,
+                                       STRIPS=i32), \
+            dict(CC=96, K=5, BW=4, BC=32, STRIDE=stride, HAS_ACC=True, HAS_BIAS=True, FLIP=flip, COMPUTE=fp)
+    yield tr._wgrad_cols_kernel, dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, STRIPS=i32, IMGS=i32,
+                                      B=i32), dict(CC=384, K=5, BW=7, BC=64, COMPUTE=fp)
+    yield tr._synth_kernel, dict(t_ptr=bf16, accin_ptr=bf16, dst_ptr=bf16, Hs=i32, Ws=i32, hc=i32, wc=i32,
+                                 TILES_N=i32, TILES=i32), dict(C=96, HAS_ACC=True, BM=4, BN=4, BC=64, COMPUTE=fp)
+
+
 def _compile_all() -> int:
     from benchmarks.common import compile_sm90
 
     failed = 0
-    for fn, signature, constexprs in _cases():
+    for fn, signature, constexprs in [*_cases(), *_row_cases()]:
         try:
             compile_sm90(fn, signature, constexprs)
         except Exception as e:  # report every failing kernel, then fail
