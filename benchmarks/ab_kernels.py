@@ -3,11 +3,11 @@
     git show REV:wtconvnext/ops/triton_kernels.py > /tmp/base_kernels.py
     python benchmarks/ab_kernels.py --baseline /tmp/base_kernels.py [--dtypes bf16 fp32] [--out results/ab.json]
 
-For each WTConvNeXt-T stage shape and the high-resolution one, it times both versions' forward (pyramid + level
-kernels), input-gradient pass (the same with rotated kernels, from dy's pyramid) and weight gradients (x's pyramid
-included), checks that both give the same results, and prints the speedups. The baseline needs the launcher API of
-``wtconvnext/ops/triton_kernels.py`` since the channels-last kernels (commit eeb26e7 on); older signatures of the
-rotated pass and of the weight-gradient entry (x's pyramid instead of x) are recognised.
+For each WTConvNeXt-T stage shape and the high-resolution one, it times both versions' forward, input-gradient
+pass (the same with rotated kernels, on dy) and parameter gradients, each with the analyses of x or dy it needs,
+checks that both give the same results, and prints the speedups. Either version may have today's launcher API
+(``coefficients`` / ``wtconv_forward`` / ``weight_partials`` / ``param_grads``) or the low-pass-pyramid API of
+v5 to v7 (``ll_pyramid`` / ``wtconv_forward`` / ``correlations`` / ``param_grads``).
 ``--check`` runs one small shape once, to check the script, not to time it (with ``--device cpu`` and
 ``TRITON_INTERPRET=1`` on a machine without a GPU).
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import inspect
 import sys
 import time
 from pathlib import Path
@@ -43,25 +42,31 @@ def _load(path: str) -> ModuleType:
 
 
 def _parts(mod: ModuleType, x, dy, params, k: int, levels: int):
-    """The three timed callables of one version, each returning what it computed."""
+    """The three timed callables of one version, each returning what it computed: the forward, the input
+    gradient, and the parameters' gradients; each includes the analyses of x or dy it needs."""
     out = torch.empty_like(x)
     dx = torch.empty_like(x)
-    fwd_w = mod.folded_weights(*params)
-    if "flip" in inspect.signature(mod.wtconv_forward).parameters:
-        rot_w, rot_kw = fwd_w, dict(flip=True)
-    else:  # older launchers: the rotated kernels came from folded_weights(..., flip=True)
-        rot_w, rot_kw = mod.folded_weights(*params, flip=True), {}
-    gpyr = mod.ll_pyramid(dy, levels)
-    takes_pyramid = next(iter(inspect.signature(mod.wtconv_weight_grads).parameters)) == "xpyr"
+    fold = mod.folded_weights(*params)
+    if hasattr(mod, "coefficients"):  # coefficient-buffer kernels (issue 14 on)
+        def fwd():
+            return mod.wtconv_forward(x, out, *fold, 1)
 
-    def fwd():
-        return mod.wtconv_forward(mod.ll_pyramid(x, levels), out, *fwd_w, 1)
+        def dgrad():
+            return mod.wtconv_forward(dy, dx, fold[0], None, fold[2], 1, flip=True)
 
-    def dgrad():
-        return mod.wtconv_forward(mod.ll_pyramid(dy, levels), dx, rot_w[0], None, rot_w[2], 1, **rot_kw)
+        def wgrad():
+            parts = mod.weight_partials(x, dy, mod.coefficients(x, levels), mod.coefficients(dy, levels), k, levels)
+            return mod.param_grads(parts, tuple(x.shape), *params)
+    else:  # low-pass-pyramid kernels (v5 to v7)
+        def fwd():
+            return mod.wtconv_forward(mod.ll_pyramid(x, levels), out, *fold, 1)
 
-    def wgrad():
-        return mod.wtconv_weight_grads(mod.ll_pyramid(x, levels) if takes_pyramid else x, gpyr, k, levels)
+        def dgrad():
+            return mod.wtconv_forward(mod.ll_pyramid(dy, levels), dx, fold[0], None, fold[2], 1, flip=True)
+
+        def wgrad():
+            corr = mod.correlations(mod.ll_pyramid(x, levels), mod.ll_pyramid(dy, levels), k, levels)
+            return mod.param_grads(corr, *params)
 
     return {"fwd": fwd, "dx": dgrad, "wgrad": wgrad}
 

@@ -1,6 +1,6 @@
 """Instruction counts of the fused kernels' inner loops, from their sm_90 machine code, on any machine (no GPU).
 
-    python benchmarks/sass_stats.py [--kernels wgrad_base fwd_finest ...] [--channels 96] [--json out.json]
+    python benchmarks/sass_stats.py [--kernels conv_base wgrad_levels ...] [--channels 96] [--json out.json]
 
 Compiles each kernel for Hopper in the specialisation the launchers use for a bf16 (or ``--dtype fp32``) layer
 with C channels (today's ``TUNING`` launch shapes, pointers 16-byte aligned as allocations are), disassembles the
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import compile_sm90, write_json  # noqa: E402
 
-KERNELS = ["fwd_finest", "fwd_coarse", "dx_finest", "wgrad_base", "wgrad_level1", "wgrad_level_fp32"]
+KERNELS = ["conv_base", "conv_levels", "dx_base", "wgrad_base", "wgrad_levels", "wgrad_levels_fp32"]
 _INSTR = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[.\s]")
 _BRANCH = re.compile(r"BRA\s+`?\((\.L_x_\d+)\)")
 
@@ -36,22 +36,19 @@ def _case(name: str, ch: int, dtype: str):
 
     from wtconvnext.ops import triton_kernels as tk
 
-    x = "*bf16" if dtype == "bf16" else "*fp32"
+    x = "*fp32" if dtype == "fp32" or name.endswith("fp32") else "*bf16"
     f32, i32, fp = "*fp32", "i32", tl.float32
     tun = tk.TUNING
-    if name.startswith(("fwd", "dx")):
-        finest = name.endswith("finest")
-        sig = dict(src_ptr=x if finest else f32, acc_ptr=f32, out_ptr=x if finest else f32, lw_ptr=f32, bw_ptr=f32,
-                   bb_ptr=f32, Hs=i32, Ws=i32, TILES_N=i32, TILES=i32)
-        bm, bn = tk._pos_tiles(1 << 10, 1 << 10, tun["fwd_positions"])[:2]
-        const = dict(C=ch, K=5, STRIDE=1, HAS_LEVEL=True, HAS_ACC=True, IS_LAST=finest,
-                     HAS_BIAS=finest and name.startswith("fwd"), FLIP=name.startswith("dx"), BLOCK_M=bm, BLOCK_N=bn,
-                     BLOCK_C=tk._block_c(ch, tun["fwd_block_c"]), COMPUTE=fp)
-        return tk._level_fwd_kernel, sig, const, tun["fwd_warps"]
-    src = f32 if name == "wgrad_level_fp32" else x
-    sig = dict(xs_ptr=src, gs_ptr=src, part_ptr=f32, Hs=i32, Ws=i32, ROWS=i32, ROWS_PER=i32)
-    const = dict(C=ch, K=5, TP=32, BASE=name == "wgrad_base", BLOCK_S=tun["wgrad_positions"],
-                 BLOCK_C=tk._block_c(ch, tun["wgrad_block_c"]), COMPUTE=fp)
+    levels = 4 if "levels" in name else 0
+    cc = 4 * ch if levels else ch
+    if name.startswith(("conv", "dx")):
+        sig = dict(x_ptr=x, acc_ptr=x, y_ptr=x, w_ptr=f32, b_ptr=f32, H=i32, W=i32, B=i32)
+        const = dict(CC=cc, K=5, LEVELS=levels, BW=tun["conv_bw"], BC=tk._block_c(cc, tun["conv_bc"]), STRIDE=1,
+                     HAS_ACC=not levels, HAS_BIAS=name == "conv_base", FLIP=name.startswith("dx"), COMPUTE=fp)
+        return tk._conv_kernel, sig, const, tun["conv_warps"]
+    sig = dict(x_ptr=x, g_ptr=x, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32)
+    const = dict(CC=cc, K=5, TP=32, LEVELS=levels, BW=tun["wgrad_bw"], BC=tk._block_c(cc, tun["wgrad_bc"]),
+                 DSUM=not levels, COMPUTE=fp)
     return tk._wgrad_kernel, sig, const, tun["wgrad_warps"]
 
 

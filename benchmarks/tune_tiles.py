@@ -2,13 +2,13 @@
 
     python benchmarks/tune_tiles.py [--out results/tune.json] [--best-out tuned.json] [--dtypes bf16 fp32]
 
-Times the forward (pyramid + level kernels) and the weight-gradient kernels separately at each WTConvNeXt-T stage
+Times the forward (analysis, level and base convolutions, synthesis) and the weight-gradient kernels separately at each WTConvNeXt-T stage
 shape for every configuration, prints the best per shape, and writes to ``--best-out`` the configuration with the
 least total time over the shapes (forward and weight-gradient chosen independently; with ``--mem-slack F``, the
 least peak memory among those within F of the fastest). Use it with
 ``WTCONVNEXT_TUNING=<best-out>`` or copy it into ``TUNING`` in ``wtconvnext/ops/triton_kernels.py``; fixed shapes
-keep the weight gradients bitwise reproducible. Every knob of ``KNOBS`` has its own option, e.g. the
-weight-gradient split: ``--wgrad-programs 1024 2048 --wgrad-min-chunk 1 16 64 256 --mem-slack 0.03``.
+keep the weight gradients bitwise reproducible. Every knob of ``KNOBS`` has its own option, e.g.
+``--conv-bw 4 7 --wgrad-imgs 2 4 8``.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 
 # The launch-shape knobs of each kernel family (TUNING keys are "<kernel>_<knob>") and the values swept by default.
 KNOBS: dict[str, dict[str, list[int]]] = {
-    "fwd": {"positions": [16, 32, 64], "block_c": [32, 64], "warps": [4, 8]},
-    "wgrad": {"positions": [1, 2], "block_c": [32, 64, 128], "warps": [4, 8],
-              "programs": [tk.TUNING["wgrad_programs"]], "min_chunk": [tk.TUNING["wgrad_min_chunk"]]},
+    "conv": {"bw": [4, 7, 8], "bc": [32, 64], "warps": [1, 2]},
+    "wgrad": {"bw": [4, 7, 8], "bc": [32, 64], "warps": [1, 2], "imgs": [2, 4]},
 }
 
 
@@ -56,16 +55,15 @@ def main(argv=None) -> int:
             x, dy = x.contiguous(memory_format=torch.channels_last), dy.contiguous(memory_format=torch.channels_last)
             folded = tk.folded_weights(*p)
             out = torch.empty_like(x)
-            xpyr = tk.ll_pyramid(x, levels)
-            gpyr = tk.ll_pyramid(dy, levels)
+            cx, cdy = tk.coefficients(x, levels), tk.coefficients(dy, levels)
 
             def fwd():
-                tk.wtconv_forward(tk.ll_pyramid(x, levels), out, *folded, 1)
+                tk.wtconv_forward(x, out, *folded, 1)
 
             def wgrad():
-                tk.wtconv_weight_grads(xpyr, gpyr, k, levels)
+                tk.weight_partials(x, dy, cx, cdy, k, levels)
 
-            for kern, fn in (("fwd", fwd), ("wgrad", wgrad)):
+            for kern, fn in (("conv", fwd), ("wgrad", wgrad)):
                 names = list(KNOBS[kern])
                 for cfg in itertools.product(*(getattr(args, f"{kern}_{n}") for n in names)):
                     tk.TUNING.update({f"{kern}_{n}": v for n, v in zip(names, cfg)})

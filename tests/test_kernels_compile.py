@@ -20,50 +20,39 @@ def _cases():
     from wtconvnext.ops import triton_kernels as tk
 
     f32, bf16, i32, fp = "*fp32", "*bf16", "i32", tl.float32
-    yield tk._ll_kernel, dict(src_ptr=bf16, out_ptr=f32, Hs=i32, Ws=i32, TILES_N=i32, TILES=i32), \
-        dict(C=96, BLOCK_M=4, BLOCK_N=4, BLOCK_C=64, COMPUTE=fp)
-    for last, flip, stride in ((True, False, 1), (False, True, 1), (True, False, 2)):
-        yield tk._level_fwd_kernel, dict(src_ptr=bf16, acc_ptr=f32, out_ptr=bf16, lw_ptr=f32, bw_ptr=f32, bb_ptr=f32,
-                                         Hs=i32, Ws=i32, TILES_N=i32, TILES=i32), \
-            dict(C=96, K=5, STRIDE=stride, HAS_LEVEL=True, HAS_ACC=True, IS_LAST=last, HAS_BIAS=last, FLIP=flip,
-                 BLOCK_M=4, BLOCK_N=4, BLOCK_C=32, COMPUTE=fp)
-    for base in (True, False):
-        yield tk._wgrad_kernel, dict(xs_ptr=bf16, gs_ptr=bf16, part_ptr=f32, Hs=i32, Ws=i32, ROWS=i32, ROWS_PER=i32), \
-            dict(C=96, K=5, TP=32, BASE=base, BLOCK_S=1, BLOCK_C=64, COMPUTE=fp)
+    for nl, m in ((5, 1), (2, 4), (1, 64)):
+        yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16, H0=i32, W0=i32, B=i32, PATCHES_W=i32,
+                                        PATCHES=i32), \
+            dict(C=96, SRC_PIX=96, NL=nl, M=m, BC=32, CHUNK=64, COMPUTE=fp)
+        yield tk._synthesis_kernel, dict(t_ptr=bf16, acc_ptr=bf16, H0=i32, W0=i32, B=i32, PATCHES_W=i32,
+                                         PATCHES=i32), \
+            dict(C=96, NL=nl, M=m, HAS_ACC=nl == 2, BC=32, CHUNK=64, COMPUTE=fp)
+    conv = dict(x_ptr=bf16, acc_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32, H=i32, W=i32, B=i32)
+    yield tk._conv_kernel, conv, dict(CC=384, K=5, LEVELS=5, BW=4, BC=32, STRIDE=1, HAS_ACC=False, HAS_BIAS=False,
+                                      FLIP=True, COMPUTE=fp)
+    for k, stride in ((5, 1), (3, 2), (7, 1)):
+        yield tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=4, BC=32, STRIDE=stride, HAS_ACC=True,
+                                          HAS_BIAS=True, FLIP=False, COMPUTE=fp)
+    wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32)
+    yield tk._wgrad_kernel, wg, dict(CC=96, K=5, TP=32, LEVELS=0, BW=7, BC=32, DSUM=True, COMPUTE=fp)
+    yield tk._wgrad_kernel, wg, dict(CC=384, K=5, TP=32, LEVELS=4, BW=7, BC=64, DSUM=False, COMPUTE=fp)
     params = dict(w_ptr=f32, b_ptr=f32, bs_ptr=f32, ww_ptr=f32, ws_ptr=f32)
     grads = dict(dw_ptr=f32, db_ptr=f32, dbs_ptr=f32, dww_ptr=f32, dws_ptr=f32)
+    ints = dict(R0=i32, H=i32, W=i32, B=i32, IMGS=i32)
     for round_to in (None, tl.bfloat16, tl.float16):
-        consts = dict(C=96, K=5, TP=32, HAS_BIAS=True, BLOCK_C=64, COMPUTE=fp, ROUND=round_to)
-        yield tk._fold_kernel, dict(**params, bw_ptr=f32, bb_ptr=f32, lw_ptr=f32), consts
-        yield tk._param_grads_kernel, dict(corr_ptr=f32, **params, **grads), consts
-    yield tk._param_grads_kernel, dict(corr_ptr=f32, **{k: bf16 for k in [*params, *grads]}), \
-        dict(C=96, K=5, TP=32, HAS_BIAS=False, BLOCK_C=64, COMPUTE=fp, ROUND=None)
-
-
-def _row_cases():
-    """The explicit-column kernels of issue 14's model A2 (``triton_rows``)."""
-    import triton.language as tl
-
-    from wtconvnext.ops import triton_rows as tr
-
-    f32, bf16, i32, fp = "*fp32", "*bf16", "i32", tl.float32
-    yield tr._analysis_kernel, dict(src_ptr=bf16, out_ptr=bf16, Hs=i32, Ws=i32, hc=i32, wc=i32, TILES_N=i32,
-                                    TILES=i32), dict(C=96, PIX=384, LL_ONLY=False, BM=4, BN=4, BC=64, COMPUTE=fp)
-    for flip, stride in ((False, 1), (True, 2)):
-        yield tr._dw_cols_kernel, dict(x_ptr=bf16, acc_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32, H=i32, W=i32,
-                                       STRIPS=i32), \
-            dict(CC=96, K=5, BW=4, BC=32, STRIDE=stride, HAS_ACC=True, HAS_BIAS=True, FLIP=flip, COMPUTE=fp)
-    yield tr._wgrad_cols_kernel, dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, STRIPS=i32, IMGS=i32,
-                                      B=i32), dict(CC=384, K=5, BW=7, BC=64, COMPUTE=fp)
-    yield tr._synth_kernel, dict(t_ptr=bf16, accin_ptr=bf16, dst_ptr=bf16, Hs=i32, Ws=i32, hc=i32, wc=i32,
-                                 TILES_N=i32, TILES=i32), dict(C=96, HAS_ACC=True, BM=4, BN=4, BC=64, COMPUTE=fp)
+        yield tk._fold_kernel, dict(**params, bw_ptr=f32, bb_ptr=f32, lw_ptr=f32), \
+            dict(C=96, K=5, TP=32, HAS_BIAS=True, BLOCK_C=64, COMPUTE=fp, ROUND=round_to)
+        yield tk._param_grads_kernel, dict(bpart_ptr=f32, lpart_ptr=f32, **params, **grads, **ints), \
+            dict(C=96, K=5, TP=32, LEVELS=5, BW=7, HAS_BIAS=True, BLOCK_C=64, COMPUTE=fp, ROUND=round_to)
+    yield tk._param_grads_kernel, dict(bpart_ptr=f32, lpart_ptr=f32, **{k: bf16 for k in [*params, *grads]}, **ints), \
+        dict(C=96, K=5, TP=32, LEVELS=2, BW=7, HAS_BIAS=False, BLOCK_C=64, COMPUTE=fp, ROUND=None)
 
 
 def _compile_all() -> int:
     from benchmarks.common import compile_sm90
 
     failed = 0
-    for fn, signature, constexprs in [*_cases(), *_row_cases()]:
+    for fn, signature, constexprs in _cases():
         try:
             compile_sm90(fn, signature, constexprs)
         except Exception as e:  # report every failing kernel, then fail

@@ -1,27 +1,29 @@
 """Triton kernels of the fused WTConv (Haar) and their launchers. Every tensor they touch is channels-last.
 
-Layout of the computation (L levels, level i = 1..L works at 2^-i resolution):
+Kernel model (issue 14; the A/B that chose it is in results/h200/summary.md): the layer is instruction-bound, so each
+Haar coefficient is computed once and every loaded value feeds as many FMAs as it can.
 
-- ``LL_0 = x``; ``LL_i`` is the raw low-pass of ``LL_{i-1}`` (2x2 block sums / 2, zero-extended). Only this
-  low-pass pyramid ever reaches memory (N/3 elements); every detail coefficient is recomputed on chip from the
-  2x2 block of ``LL_{i-1}`` it comes from (the Haar butterfly).
-- Level kernel for level i: filtered coefficients ``t_i = conv(butterfly(LL_{i-1}), scale_i * W_i)`` on a tile of
-  coarse positions, plus the already synthesised coarser levels ``acc_{i+1}`` on the LL subband, then one
-  synthesis step to ``acc_i`` at the resolution of ``LL_{i-1}``. At level 1 the same program also adds the base
-  conv ``conv(x, base_scale * W) + base_scale * b`` and writes ``y`` (strided), so y is written once.
-- Backward: the input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees (no
-  bias); the weight gradients are correlations of the coefficient pyramids of x and dy, accumulated per program
-  over a fixed range of positions into fp32 partials that are summed afterwards (deterministic, no atomics).
+- **Analysis** (one launch for up to five levels): a program owns a 2^n x 2^n patch of the input and a channel
+  block and writes all four subbands of every level of that patch, ``(B, h_i, w_i, 4, C)`` per level in one flat
+  buffer (the input dtype), each level read back from what the same program just wrote.
+- **Level convolutions** (one launch for all levels): plain depthwise K x K convolutions over the ``4C`` subband
+  channels of every level, written to a second buffer of the same layout.
+- **Synthesis** (one launch for up to five levels, coarse to fine, patch-local like the analysis): ``acc_i`` = the
+  inverse Haar step of (filtered level i + ``acc_{i+1}`` on its low-pass), stored over the level's coefficients.
+- **Base convolution** (one launch): ``conv(x, base_scale * W) + base_scale * b + acc_1``, strided, written once.
 
-Why channels-last: a program owns a tile of positions x a block of channels. Channels are contiguous, so every load
-and store is a wide vector, one mask per position serves all its channels, and a weight tap is one channel vector
-reused by every position of the tile. (The first, plane-walking NCHW kernels spent 2-3 integer / mask / address
-instructions per FMA; results/h200/layer_v0_untuned.txt.)
+The convolutions stream rows: a program owns one image, ``BW`` output columns and a block of channels, and walks
+down every row. A thread owns channels, not positions: the ``BW + K - 1`` input columns of a row are separate
+channel vectors, so each loaded value feeds every tap it meets (``K`` rows in flight x up to ``K`` columns); the ``K``
+output rows in flight are loop-carried fp32 accumulators (a tuple that rotates by one row per step) and the next
+row's inputs are loaded while the current one is computed. The backward runs the same passes on dy with every
+kernel rotated by 180 degrees (the input gradient), and the weight gradients are correlations of the two
+coefficient buffers (and of x and dy for the base) by the same row walk, into fp32 partials per program that the
+chain-rule kernel sums in a fixed order (deterministic, no atomics).
 
-The scales are folded into the weights once per call (``scale * W``, in fp32), so they cost no pass of their own and
-their gradients follow from the same correlations. Arithmetic is fp32 (fp64 for fp64 inputs); outputs are stored in
-the output tensor's dtype. Per-position offsets are int64 (a single image may pass 2^31 elements); channel offsets
-within a position are 32-bit.
+The scales are folded into the weights once per call (``scale * W``, and the synthesis 1/2 into the level weights),
+so they cost no pass of their own and their gradients follow from the same correlations. Arithmetic is fp32 (fp64
+for fp64 inputs); stored values take the output tensor's dtype. Offsets that can pass 2^31 are int64.
 """
 
 from __future__ import annotations
@@ -37,307 +39,386 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["ll_pyramid", "folded_weights", "wtconv_forward", "correlations", "wtconv_weight_grads", "param_grads",
+__all__ = ["folded_weights", "coefficients", "wtconv_forward", "weight_partials", "param_grads", "level_sizes",
            "TUNING"]
 
+# Levels one analysis / synthesis launch covers: a program's patch is 2^5 x 2^5 pixels of the map it starts from.
+PATCH_LEVELS = 5
 
-@triton.jit
-def _butterfly(p_top, p_bot, m_a, m_b, m_c, m_d, C: tl.constexpr, COMPUTE: tl.constexpr):
-    """Twice the four Haar subbands of 2x2 blocks: ``p_top`` points at each block's top-left pixel, ``p_bot`` at
-    the one below it; ``m_a..m_d`` mask the four pixels (zero outside the finer map).
 
-    The Haar factor 1/2 is left to the callers, which fold it into a weight or a final scale instead of paying a
-    multiply per tap. The right-hand pixels sit ``C`` elements further: a compile-time offset.
-    """
-    a = tl.load(p_top, mask=m_a, other=0.0).to(COMPUTE)
-    b = tl.load(p_top + C, mask=m_b, other=0.0).to(COMPUTE)
-    c = tl.load(p_bot, mask=m_c, other=0.0).to(COMPUTE)
-    d = tl.load(p_bot + C, mask=m_d, other=0.0).to(COMPUTE)
-    ab = a + b
-    cd = c + d
-    amb = a - b
-    cmd = c - d
-    return ab + cd, ab - cd, amb + cmd, amb - cmd
+# ----------------------------------------------------------------------------------------------------------------
+# Kernels
 
 
 @triton.jit
-def _ll_kernel(
-    src_ptr,  # (B, Hs, Ws, C) dense channels-last: the finer low-pass (x, or a previous level)
-    out_ptr,  # (B, Hc, Wc, C) dense channels-last, compute dtype
-    Hs, Ws, TILES_N, TILES,
-    C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
+def _level_of(pid, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr, CC: tl.constexpr):
+    """Which level program ``pid`` of a launch over every level works on (levels 1..L in order, each with
+    ceil(B / IMGS) * ceil(w_i / BW) programs): (level, h_i, w_i, its first program, its element offset in a flat
+    per-level buffer of CC channels, int64)."""
+    h = H
+    w = W
+    start = pid * 0
+    off = (pid * 0).to(tl.int64)
+    lv = pid * 0
+    hs = pid * 0
+    ws = pid * 0
+    st = pid * 0
+    of = off
+    for i in tl.static_range(LEVELS):
+        h = (h + 1) // 2
+        w = (w + 1) // 2
+        n = ((B + IMGS - 1) // IMGS) * ((w + BW - 1) // BW)
+        sel = (pid >= start) & (pid < start + n)
+        lv = tl.where(sel, i + 1, lv)
+        hs = tl.where(sel, h, hs)
+        ws = tl.where(sel, w, ws)
+        st = tl.where(sel, start, st)
+        of = tl.where(sel, off, of)
+        start += n
+        off += (B * h * w).to(tl.int64) * CC
+    return lv, hs, ws, st, of
+
+
+@triton.jit
+def _conv_kernel(
+    x_ptr,  # (B, H, W, CC) dense; LEVELS > 0: the flat coefficient buffer, level i (B, h_i, w_i, CC) after level i-1
+    acc_ptr,  # (B, H, W, CC) added to the output (HAS_ACC)
+    y_ptr,  # (B, ceil(H / STRIDE), ceil(W / STRIDE), CC); LEVELS > 0: a buffer laid out as x_ptr's
+    w_ptr,  # (K, K, CC) taps-major; LEVELS > 0: (L, K, K, CC)
+    b_ptr,  # (CC,) (HAS_BIAS)
+    H, W, B,
+    CC: tl.constexpr, K: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
+    STRIDE: tl.constexpr, HAS_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, FLIP: tl.constexpr,
+    COMPUTE: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    bidx = (pid // TILES).to(tl.int64)
-    tile = pid % TILES
-    s = tl.arange(0, BLOCK_M * BLOCK_N)[:, None]
-    m = (tile // TILES_N) * BLOCK_M + s // BLOCK_N
-    n = (tile % TILES_N) * BLOCK_N + s % BLOCK_N
-    hc = (Hs + 1) // 2
-    wc = (Ws + 1) // 2
-    cc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
-    inside = (m < hc) & (n < wc)
-    if C % BLOCK_C != 0:
-        inside = inside & (cc < C)
-    row = Ws * C  # int32: offsets built from it are widened where they can pass 2^31
-    p_top = src_ptr + bidx * Hs * row + ((2 * m).to(tl.int64) * row + 2 * n * C) + cc
-    bot = 2 * m + 1 < Hs
-    right = 2 * n + 1 < Ws
-    s0, _, _, _ = _butterfly(p_top, p_top + row, inside, inside & right, inside & bot, inside & bot & right,
-                             C, COMPUTE)
-    off = bidx * hc * wc * C + (m.to(tl.int64) * wc + n) * C + cc
-    tl.store(out_ptr + off, s0 * 0.5, mask=inside)
-
-
-@triton.jit
-def _store_phase(out, cc, cmask, h, w, H, W, val, C: tl.constexpr, STRIDE: tl.constexpr):
-    """Store one phase of the synthesised tile into the dense channels-last ``out`` (one image)."""
-    mask = cmask & (h < H) & (w < W)
-    wo = W
-    if STRIDE > 1:
-        # Stride is plain subsampling of the full-resolution output.
-        mask = mask & (h % STRIDE == 0) & (w % STRIDE == 0)
-        h = h // STRIDE
-        w = w // STRIDE
-        wo = (W + STRIDE - 1) // STRIDE
-    tl.store(out + (h.to(tl.int64) * wo + w) * C + cc, val.to(out.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _level_fwd_kernel(
-    src_ptr,  # (B, Hs, Ws, C): LL_{i-1} (x at level 1)
-    acc_ptr,  # (B, Hc, Wc, C): synthesis of the coarser levels (read when HAS_ACC)
-    out_ptr,  # (B, Hs, Ws, C) acc_i, or y (B, ceil(Hs/STRIDE), ceil(Ws/STRIDE), C) when IS_LAST
-    lw_ptr,  # (4, K, K, C) this level's kernels times their scales and the Haar 1/2 (HAS_LEVEL)
-    bw_ptr,  # (K, K, C) base kernel times base_scale (IS_LAST)
-    bb_ptr,  # (C,) bias times base_scale (HAS_BIAS)
-    Hs, Ws, TILES_N, TILES,
-    C: tl.constexpr, K: tl.constexpr, STRIDE: tl.constexpr,
-    HAS_LEVEL: tl.constexpr, HAS_ACC: tl.constexpr, IS_LAST: tl.constexpr, HAS_BIAS: tl.constexpr,
-    FLIP: tl.constexpr,  # rotate every kernel by 180 degrees (the input-gradient pass)
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
-):
-    """All tensors dense channels-last. The channel count is a compile-time constant, so a column shift of a tap is
-    an immediate offset of the load, and the channel mask disappears when the channel blocks tile C exactly."""
+    """Depthwise K x K convolution, 'same' zero padding: of one map (LEVELS = 0), or of every level's subbands in
+    one launch (LEVELS = L: the program finds its level). FLIP rotates the kernel by 180 degrees."""
     PAD: tl.constexpr = K // 2
-    KK: tl.constexpr = K * K
-    BLOCK_S: tl.constexpr = BLOCK_M * BLOCK_N
+    NI: tl.constexpr = BW + K - 1
     pid = tl.program_id(0)
-    bidx = (pid // TILES).to(tl.int64)
-    tile = pid % TILES
-    s = tl.arange(0, BLOCK_S)[:, None]
-    m = (tile // TILES_N) * BLOCK_M + s // BLOCK_N  # coarse positions (S, 1)
-    n = (tile % TILES_N) * BLOCK_N + s % BLOCK_N
-    cc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]  # (1, C)
-    if C % BLOCK_C == 0:
-        cmask = tl.full((1, BLOCK_C), 1, tl.int1)
+    if LEVELS > 0:
+        lv, h, w, st, off = _level_of(pid, H, W, B, 1, BW, LEVELS, CC)
+        local = pid - st
+        strips = (w + BW - 1) // BW
+        b = (local // strips).to(tl.int64)
+        n0 = (local % strips) * BW
+        xb0 = x_ptr + off
+        yb0 = y_ptr + off
+        wb = w_ptr + (lv - 1) * (K * K * CC)
     else:
-        cmask = cc < C
-    row = Ws * C  # int32: offsets built from it are widened where they can pass 2^31
-    # Every tap's pixels are fixed offsets from the tile's top-left pixels (2m, 2n).
-    origin = src_ptr + bidx * Hs * row + ((2 * m).to(tl.int64) * row + 2 * n * C) + cc  # (S, C)
-
-    # Synthesised value of the four fine pixels (2m + r, 2n + q) of each coarse position.
-    y00 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
-    y01 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
-    y10 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
-    y11 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
-    if HAS_LEVEL:
-        t0 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
-        t1 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
-        t2 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
-        t3 = tl.zeros((BLOCK_S, BLOCK_C), dtype=COMPUTE)
-        for ky in range(K):
-            r0 = 2 * (m + ky - PAD)
-            # r0 is even, so r0 + 1 >= 0 exactly when r0 >= 0.
-            top = cmask & (r0 >= 0) & (r0 < Hs)
-            bot = cmask & (r0 >= 0) & (r0 + 1 < Hs)
-            p_top = origin + (2 * (ky - PAD)) * row
-            p_bot = p_top + row
-            if FLIP:
-                w_row = lw_ptr + ((K - 1 - ky) * K) * C + cc
-            else:
-                w_row = lw_ptr + (ky * K) * C + cc
-            for kx in tl.static_range(K):
-                c0 = 2 * (n + kx - PAD)
-                left = (c0 >= 0) & (c0 < Ws)
-                right = (c0 >= 0) & (c0 + 1 < Ws)
-                s0, s1, s2, s3 = _butterfly(p_top + 2 * (kx - PAD) * C, p_bot + 2 * (kx - PAD) * C,
-                                            top & left, top & right, bot & left, bot & right, C, COMPUTE)
-                if FLIP:
-                    wp = w_row + (K - 1 - kx) * C
-                else:
-                    wp = w_row + kx * C
-                t0 += tl.load(wp, mask=cmask, other=0.0).to(COMPUTE) * s0
-                t1 += tl.load(wp + KK * C, mask=cmask, other=0.0).to(COMPUTE) * s1
-                t2 += tl.load(wp + 2 * KK * C, mask=cmask, other=0.0).to(COMPUTE) * s2
-                t3 += tl.load(wp + 3 * KK * C, mask=cmask, other=0.0).to(COMPUTE) * s3
-        if HAS_ACC:
-            hc = (Hs + 1) // 2
-            wc = (Ws + 1) // 2
-            aoff = bidx * hc * wc * C + (m.to(tl.int64) * wc + n) * C + cc
-            t0 += tl.load(acc_ptr + aoff, mask=cmask & (m < hc) & (n < wc), other=0.0).to(COMPUTE)
-        pp = t0 + t1
-        qq = t0 - t1
-        rr = t2 + t3
-        ss = t2 - t3
-        y00 = (pp + rr) * 0.5
-        y01 = (pp - rr) * 0.5
-        y10 = (qq + ss) * 0.5
-        y11 = (qq - ss) * 0.5
-
-    if IS_LAST:
-        # Base branch at full resolution for the four phases of the tile, accumulated straight into y.
-        for ky in range(K):
-            h0 = 2 * m + (ky - PAD)
-            mh0 = cmask & (h0 >= 0) & (h0 < Hs)
-            mh1 = cmask & (h0 + 1 >= 0) & (h0 + 1 < Hs)
-            p0 = origin + (ky - PAD) * row
-            p1 = p0 + row
-            if FLIP:
-                w_row = bw_ptr + ((K - 1 - ky) * K) * C + cc
-            else:
-                w_row = bw_ptr + (ky * K) * C + cc
-            # Columns 2n + q + kx - PAD for q in {0, 1}, kx in [0, K): K + 1 distinct columns, each loaded once.
-            for j in tl.static_range(K + 1):
-                wc_ = 2 * n + (j - PAD)
-                mw = (wc_ >= 0) & (wc_ < Ws)
-                v0 = tl.load(p0 + (j - PAD) * C, mask=mh0 & mw, other=0.0).to(COMPUTE)
-                v1 = tl.load(p1 + (j - PAD) * C, mask=mh1 & mw, other=0.0).to(COMPUTE)
-                if j < K:  # phase q = 0 uses kx = j
-                    if FLIP:
-                        wq0 = tl.load(w_row + (K - 1 - j) * C, mask=cmask, other=0.0).to(COMPUTE)
+        h = H
+        w = W
+        strips = (w + BW - 1) // BW
+        b = (pid // strips).to(tl.int64)
+        n0 = (pid % strips) * BW
+        xb0 = x_ptr
+        yb0 = y_ptr
+        wb = w_ptr
+    cc = tl.program_id(1) * BC + tl.arange(0, BC)
+    cmask = cc < CC
+    wts = ()
+    for t in tl.static_range(K * K):
+        wts = wts + (tl.load(wb + t * CC + cc, mask=cmask, other=0.0).to(COMPUTE),)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + cc, mask=cmask, other=0.0).to(COMPUTE)
+    inm = ()
+    for i in tl.static_range(NI):
+        inm = inm + (cmask & (n0 + (i - PAD) >= 0) & (n0 + (i - PAD) < w),)
+    outm = ()
+    for q in tl.static_range(BW):
+        if STRIDE > 1:
+            outm = outm + (cmask & (n0 + q < w) & ((n0 + q) % STRIDE == 0),)
+        else:
+            outm = outm + (cmask & (n0 + q < w),)
+    rs = (w * CC).to(tl.int64)
+    xb = xb0 + b * h * rs + n0 * CC + cc
+    ab = acc_ptr + b * h * rs + n0 * CC + cc
+    ho = (h + STRIDE - 1) // STRIDE
+    ors = ((w + STRIDE - 1) // STRIDE * CC).to(tl.int64)
+    yb = yb0 + b * ho * ors + cc
+    acc = ()
+    for _ in tl.static_range(K * BW):
+        acc = acc + (tl.zeros((BC,), dtype=COMPUTE),)
+    # The next row is loaded while this one is computed (loop-carried, raw dtype): the FMAs hide the latency.
+    nxt = ()
+    for i in tl.static_range(NI):
+        nxt = nxt + (tl.load(xb - PAD * rs + (i - PAD) * CC, mask=inm[i] & (PAD == 0) & (h > 0), other=0.0),)
+    for r in range(-PAD, h + PAD):
+        cur = nxt
+        r1 = r + 1
+        p = xb + r1 * rs
+        nxt = ()
+        for i in tl.static_range(NI):
+            nxt = nxt + (tl.load(p + (i - PAD) * CC, mask=inm[i] & (r1 >= 0) & (r1 < h), other=0.0),)
+        for i in tl.static_range(NI):
+            v = cur[i].to(COMPUTE)
+            new = ()
+            for j in tl.static_range(K):  # slot j: output row r - PAD + j, reached through tap row K - 1 - j
+                for q in tl.static_range(BW):
+                    if (i - q >= 0) and (i - q < K):
+                        if FLIP:
+                            wv = wts[j * K + (K - 1 - (i - q))]
+                        else:
+                            wv = wts[(K - 1 - j) * K + (i - q)]
+                        new = new + (acc[j * BW + q] + wv * v,)
                     else:
-                        wq0 = tl.load(w_row + j * C, mask=cmask, other=0.0).to(COMPUTE)
-                    y00 += wq0 * v0
-                    y10 += wq0 * v1
-                if j >= 1:  # phase q = 1 uses kx = j - 1
-                    if FLIP:
-                        wq1 = tl.load(w_row + (K - j) * C, mask=cmask, other=0.0).to(COMPUTE)
-                    else:
-                        wq1 = tl.load(w_row + (j - 1) * C, mask=cmask, other=0.0).to(COMPUTE)
-                    y01 += wq1 * v0
-                    y11 += wq1 * v1
-        if HAS_BIAS:
-            bias = tl.load(bb_ptr + cc, mask=cmask, other=0.0).to(COMPUTE)
-            y00 += bias
-            y01 += bias
-            y10 += bias
-            y11 += bias
-        ho = (Hs + STRIDE - 1) // STRIDE
-        out = out_ptr + bidx * ho * ((Ws + STRIDE - 1) // STRIDE) * C
-        _store_phase(out, cc, cmask, 2 * m, 2 * n, Hs, Ws, y00, C, STRIDE)
-        _store_phase(out, cc, cmask, 2 * m, 2 * n + 1, Hs, Ws, y01, C, STRIDE)
-        _store_phase(out, cc, cmask, 2 * m + 1, 2 * n, Hs, Ws, y10, C, STRIDE)
-        _store_phase(out, cc, cmask, 2 * m + 1, 2 * n + 1, Hs, Ws, y11, C, STRIDE)
-    else:
-        out = out_ptr + bidx * Hs * row
-        _store_phase(out, cc, cmask, 2 * m, 2 * n, Hs, Ws, y00, C, 1)
-        _store_phase(out, cc, cmask, 2 * m, 2 * n + 1, Hs, Ws, y01, C, 1)
-        _store_phase(out, cc, cmask, 2 * m + 1, 2 * n, Hs, Ws, y10, C, 1)
-        _store_phase(out, cc, cmask, 2 * m + 1, 2 * n + 1, Hs, Ws, y11, C, 1)
+                        new = new + (acc[j * BW + q],)
+            acc = new
+        o = r - PAD
+        if (o >= 0) & (o % STRIDE == 0):
+            yo = yb + (o // STRIDE) * ors
+            for q in tl.static_range(BW):
+                out = acc[q]
+                if HAS_BIAS:
+                    out += bias
+                if HAS_ACC:
+                    out += tl.load(ab + o * rs + q * CC, mask=outm[q], other=0.0).to(COMPUTE)
+                tl.store(yo + ((n0 + q) // STRIDE) * CC, out.to(y_ptr.dtype.element_ty), mask=outm[q])
+        new = ()
+        for s in tl.static_range(BW, K * BW):
+            new = new + (acc[s],)
+        for _ in tl.static_range(BW):
+            new = new + (tl.zeros((BC,), dtype=COMPUTE),)
+        acc = new
 
 
 @triton.jit
 def _wgrad_kernel(
-    xs_ptr,  # (B, Hs, Ws, C) dense channels-last: LL_{i-1} of x (x itself for the base)
-    gs_ptr,  # (B, Hs, Ws, C) dense channels-last: LL_{i-1} of dy (dy itself for the base)
-    part_ptr,  # (CHUNKS, NSUB, TP, C) fp32 (fp64 for fp64 inputs): this program's partial correlations
-    Hs, Ws, ROWS, ROWS_PER,
-    C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, BASE: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
+    x_ptr,  # (B, H, W, CC) dense x; LEVELS > 0: the flat coefficient buffer of x
+    g_ptr,  # the same for dy
+    part_ptr,  # (programs, TP, CC) fp32: one row of partial sums per program (taps, then dy's sum in lane K*K)
+    H, W, B, IMGS,
+    CC: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
+    BC: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr,
 ):
-    """Correlations ``sum_q u_s[q + (ky - P, kx - P)] * g_s[q]`` over this program's ROWS_PER rows of positions q.
-
-    Level (BASE false): u, g are the four Haar subbands of LL_{i-1} of x and dy at coarse positions. Base: u = x,
-    g = dy at full resolution (one "subband"). All K*K taps are one tensor axis (padded to TP), so dy's butterfly
-    is computed once per position for every tap, and the accumulators stay elementwise until one reduction over
-    the positions at the end. A program walks whole rows of positions (b, m): the row's tap pointers and row masks
-    are set once per row, and a step along the row adds a constant to the pointers, with no index division.
-    The base also sums dy in lane K*K (TP > K*K).
-    """
+    """d w[ky, kx] = sum over positions of dy(o, n) * x(o + ky - PAD, n + kx - PAD): a program walks the x rows
+    of IMGS images for BW columns, keeping the K dy rows an x row pairs with; of one map (LEVELS = 0), or of every
+    level's subbands in one launch. DSUM: also the sum of dy (the bias gradient)."""
     PAD: tl.constexpr = K // 2
-    NSUB: tl.constexpr = 1 if BASE else 4
-    F: tl.constexpr = 1 if BASE else 2  # pixels per position step along each axis
-    chunk = tl.program_id(0)
-    cb = tl.program_id(1)
-    t = tl.arange(0, TP)[:, None, None]  # (TP, 1, 1) taps, row-major over (ky, kx)
-    oy = t // K - PAD
-    ox = t % K - PAD
-    cc = cb * BLOCK_C + tl.arange(0, BLOCK_C)[None, None, :]  # (1, 1, C)
-    if C % BLOCK_C == 0:
-        cmask = tl.full((1, 1, BLOCK_C), 1, tl.int1)
+    NI: tl.constexpr = BW + K - 1
+    pid = tl.program_id(0)
+    if LEVELS > 0:
+        lv, h, w, st, off = _level_of(pid, H, W, B, IMGS, BW, LEVELS, CC)
+        local = pid - st
+        xb0 = x_ptr + off
+        gb0 = g_ptr + off
     else:
-        cmask = cc < C
-    tmask = cmask & (t < K * K)
-    if BASE:
-        sum_lane = (t == K * K).to(COMPUTE)
-    row = Ws * C  # int32: offsets built from it are widened where they can pass 2^31
-    hm = (Hs + F - 1) // F
-    wm = (Ws + F - 1) // F
-    tap_off = (F * oy) * row + (F * ox) * C + cc  # (TP, 1, C), loop-invariant
-    s = tl.arange(0, BLOCK_S)[None, :, None]  # (1, S, 1) positions along the row
-    a0 = tl.zeros((TP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
-    if not BASE:
-        a1 = tl.zeros((TP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
-        a2 = tl.zeros((TP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
-        a3 = tl.zeros((TP, BLOCK_S, BLOCK_C), dtype=COMPUTE)
-    j0 = chunk * ROWS_PER
-    j1 = tl.minimum(j0 + ROWS_PER, ROWS)
-    for j in range(j0, j1):
-        bidx = j // hm
-        m = j - bidx * hm
-        rowbase = bidx.to(tl.int64) * Hs * row + (F * m).to(tl.int64) * row  # the row's first pixel
-        mm = m + oy  # (TP, 1, 1)
-        xrow = xs_ptr + rowbase + tap_off  # (TP, 1, C)
-        grow = gs_ptr + rowbase + cc  # (1, 1, C)
-        if BASE:
-            rmask = tmask & (mm >= 0) & (mm < Hs)
-        else:
-            r0 = 2 * mm
-            top = tmask & (r0 >= 0) & (r0 < Hs)
-            bot = tmask & (r0 >= 0) & (r0 + 1 < Hs)
-            gbot = cmask & (2 * m + 1 < Hs)
-        for n0 in range(0, wm, BLOCK_S):
-            n = n0 + s  # (1, S, 1)
-            nok = n < wm
-            nn = n + ox  # (TP, S, 1)
-            if BASE:
-                g0 = tl.load(grow + n * C, mask=cmask & nok, other=0.0).to(COMPUTE)
-                # Lane K*K (beyond the taps) reads 1 and so sums dy: the bias gradient, without a pass of its own.
-                # Past the row's end (n >= wm) g is 0, so those lanes add nothing whatever u reads.
-                u0 = tl.load(xrow + n * C, mask=rmask & (nn >= 0) & (nn < Ws), other=sum_lane).to(COMPUTE)
-                a0 += u0 * g0
-            else:
-                gm = cmask & nok
-                gright = 2 * n + 1 < Ws
-                gp = grow + (2 * n) * C
-                g0, g1, g2, g3 = _butterfly(gp, gp + row, gm, gm & gright, gbot & nok, gbot & nok & gright,
-                                            C, COMPUTE)
-                c0 = 2 * nn
-                left = (c0 >= 0) & (c0 < Ws)
-                right = (c0 >= 0) & (c0 + 1 < Ws)
-                xp = xrow + (2 * n) * C
-                u0, u1, u2, u3 = _butterfly(xp, xp + row, top & left, top & right, bot & left, bot & right,
-                                            C, COMPUTE)
-                a0 += u0 * g0
-                a1 += u1 * g1
-                a2 += u2 * g2
-                a3 += u3 * g3
-    # One reduction over the positions at the end; rows of the partial buffer are (chunk, subband, tap).
-    t2 = tl.arange(0, TP)[:, None]
-    c2 = cb * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
-    dst = part_ptr + (chunk.to(tl.int64) * NSUB * TP + t2) * C + c2  # (TP, C); the mask broadcasts over taps
-    if BASE:
-        tl.store(dst, tl.sum(a0, 1).to(part_ptr.dtype.element_ty), mask=c2 < C)
-    else:
-        # Both butterflies carry twice the subbands: the exact factor 1/4 once here, not two multiplies per tap.
-        tl.store(dst, (tl.sum(a0, 1) * 0.25).to(part_ptr.dtype.element_ty), mask=c2 < C)
-        tl.store(dst + TP * C, (tl.sum(a1, 1) * 0.25).to(part_ptr.dtype.element_ty), mask=c2 < C)
-        tl.store(dst + 2 * TP * C, (tl.sum(a2, 1) * 0.25).to(part_ptr.dtype.element_ty), mask=c2 < C)
-        tl.store(dst + 3 * TP * C, (tl.sum(a3, 1) * 0.25).to(part_ptr.dtype.element_ty), mask=c2 < C)
+        h = H
+        w = W
+        local = pid
+        xb0 = x_ptr
+        gb0 = g_ptr
+    strips = (w + BW - 1) // BW
+    grp = local // strips
+    n0 = (local % strips) * BW
+    cc = tl.program_id(1) * BC + tl.arange(0, BC)
+    cmask = cc < CC
+    inm = ()
+    for i in tl.static_range(NI):
+        inm = inm + (cmask & (n0 + (i - PAD) >= 0) & (n0 + (i - PAD) < w),)
+    gm = ()
+    for q in tl.static_range(BW):
+        gm = gm + (cmask & (n0 + q < w),)
+    rs = (w * CC).to(tl.int64)
+    acc = ()
+    for _ in tl.static_range(K * K):
+        acc = acc + (tl.zeros((BC,), dtype=COMPUTE),)
+    dsum = tl.zeros((BC,), dtype=COMPUTE)
+    for im in range(IMGS):
+        bi = grp * IMGS + im
+        bok = bi < B
+        xb = xb0 + bi.to(tl.int64) * h * rs + n0 * CC + cc
+        gb = gb0 + bi.to(tl.int64) * h * rs + n0 * CC + cc
+        dq = ()  # dy rows r - PAD .. r + PAD, slot j * BW + q
+        for _ in tl.static_range((PAD + 1) * BW):
+            dq = dq + (tl.zeros((BC,), dtype=COMPUTE),)
+        for j in tl.static_range(PAD):
+            for q in tl.static_range(BW):
+                dq = dq + (tl.load(gb + j * rs + q * CC, mask=gm[q] & bok & (j < h), other=0.0).to(COMPUTE),)
+        # Rows r + 1 of x and r + 1 + PAD of dy are loaded while row r is computed (raw dtype).
+        gn = ()
+        for q in tl.static_range(BW):
+            gn = gn + (tl.load(gb + PAD * rs + q * CC, mask=gm[q] & bok & (PAD < h), other=0.0),)
+        xn = ()
+        for i in tl.static_range(NI):
+            xn = xn + (tl.load(xb + (i - PAD) * CC, mask=inm[i] & bok & (h > 0), other=0.0),)
+        for r in range(0, h):
+            gc = gn
+            xc = xn
+            r1 = r + 1
+            rg = r1 + PAD
+            gn = ()
+            for q in tl.static_range(BW):
+                gn = gn + (tl.load(gb + rg * rs + q * CC, mask=gm[q] & bok & (rg < h), other=0.0),)
+            xn = ()
+            for i in tl.static_range(NI):
+                xn = xn + (tl.load(xb + r1 * rs + (i - PAD) * CC, mask=inm[i] & bok & (r1 < h), other=0.0),)
+            new = ()
+            for s in tl.static_range(BW, K * BW):
+                new = new + (dq[s],)
+            for q in tl.static_range(BW):
+                new = new + (gc[q].to(COMPUTE),)
+            dq = new
+            if DSUM:
+                for q in tl.static_range(BW):
+                    dsum += dq[PAD * BW + q]  # row r of dy
+            for i in tl.static_range(NI):
+                v = xc[i].to(COMPUTE)
+                upd = ()
+                for ky in tl.static_range(K):
+                    for kx in tl.static_range(K):
+                        if (i - kx >= 0) and (i - kx < BW):
+                            upd = upd + (acc[ky * K + kx] + v * dq[(K - 1 - ky) * BW + (i - kx)],)
+                        else:
+                            upd = upd + (acc[ky * K + kx],)
+                acc = upd
+    dst = part_ptr + pid.to(tl.int64) * TP * CC + cc
+    for t in tl.static_range(K * K):
+        tl.store(dst + t * CC, acc[t].to(part_ptr.dtype.element_ty), mask=cmask)
+    if DSUM:
+        tl.store(dst + K * K * CC, dsum.to(part_ptr.dtype.element_ty), mask=cmask)
 
 
+@triton.jit
+def _analysis_level(src, spix: tl.constexpr, hs, ws, dst, hd, wd, b, m0, n0, cc, cmask,
+                    C: tl.constexpr, S: tl.constexpr, SW: tl.constexpr, CH: tl.constexpr, COMPUTE: tl.constexpr):
+    """The 4 subbands of the S x SW positions from (m0, n0) of a (hd, wd) level, from its (hs, ws) finer
+    low-pass at ``src`` (pixel stride spix, zero outside), into ``dst`` (B, hd, wd, 4, C)."""
+    for c0 in tl.static_range(0, S * SW, CH):
+        s = c0 + tl.arange(0, CH)[:, None]
+        m = m0 + s // SW
+        n = n0 + s % SW
+        fr = 2 * m
+        fc = 2 * n
+        ok = cmask & (s < S * SW)
+        top = src + (b * hs + fr).to(tl.int64) * ws * spix + fc * spix
+        bot = top + ws * spix
+        mt = ok & (fr < hs)
+        mb = ok & (fr + 1 < hs)
+        a = tl.load(top, mask=mt & (fc < ws), other=0.0).to(COMPUTE)
+        bb = tl.load(top + spix, mask=mt & (fc + 1 < ws), other=0.0).to(COMPUTE)
+        c = tl.load(bot, mask=mb & (fc < ws), other=0.0).to(COMPUTE)
+        d = tl.load(bot + spix, mask=mb & (fc + 1 < ws), other=0.0).to(COMPUTE)
+        ab = a + bb
+        cd = c + d
+        amb = a - bb
+        cmd = c - d
+        o = dst + ((b * hd + m).to(tl.int64) * wd + n) * (4 * C)
+        ms = ok & (m < hd) & (n < wd)
+        ty = dst.dtype.element_ty
+        tl.store(o, ((ab + cd) * 0.5).to(ty), mask=ms)
+        tl.store(o + C, ((ab - cd) * 0.5).to(ty), mask=ms)
+        tl.store(o + 2 * C, ((amb + cmd) * 0.5).to(ty), mask=ms)
+        tl.store(o + 3 * C, ((amb - cmd) * 0.5).to(ty), mask=ms)
+
+
+@triton.jit
+def _analysis_kernel(
+    src_ptr,  # (B, H0, W0, *) the map the first level analyses: x (pixel stride C), or a level's coefficients (4C)
+    coef_ptr,  # flat coefficient buffer at the first level this launch writes: (B, h_i, w_i, 4, C) per level
+    H0, W0, B, PATCHES_W, PATCHES,
+    C: tl.constexpr, SRC_PIX: tl.constexpr, NL: tl.constexpr, M: tl.constexpr, BC: tl.constexpr,
+    CHUNK: tl.constexpr, COMPUTE: tl.constexpr,
+):
+    """NL levels of a 2^NL x M*2^NL patch of the source: each level from the low-pass this program just wrote."""
+    pid = tl.program_id(0)
+    b = pid // PATCHES
+    patch = pid % PATCHES
+    py = patch // PATCHES_W
+    px = patch % PATCHES_W
+    cc = tl.program_id(1) * BC + tl.arange(0, BC)[None, :]
+    cmask = cc < C
+    hs = H0
+    ws = W0
+    hd = (hs + 1) // 2
+    wd = (ws + 1) // 2
+    _analysis_level(src_ptr + cc, SRC_PIX, hs, ws, coef_ptr + cc, hd, wd, b, py << (NL - 1),
+                    (px * M) << (NL - 1), cc, cmask, C, 1 << (NL - 1), M << (NL - 1),
+                    CHUNK if CHUNK < (M << (2 * NL - 2)) else (M << (2 * NL - 2)), COMPUTE)
+    off = (B * hd * wd).to(tl.int64) * (4 * C)
+    for j in tl.static_range(1, NL):
+        tl.debug_barrier()  # the finer level's low-pass, written by this program, is read back next
+        prev = coef_ptr + (off - (B * hd * wd).to(tl.int64) * (4 * C))
+        hs = hd
+        ws = wd
+        hd = (hs + 1) // 2
+        wd = (ws + 1) // 2
+        _analysis_level(prev + cc, 4 * C, hs, ws, coef_ptr + off + cc, hd, wd, b, py << (NL - 1 - j),
+                        (px * M) << (NL - 1 - j), cc, cmask, C, 1 << (NL - 1 - j), M << (NL - 1 - j),
+                        CHUNK if CHUNK < (M << (2 * (NL - 1 - j))) else (M << (2 * (NL - 1 - j))), COMPUTE)
+        off += (B * hd * wd).to(tl.int64) * (4 * C)
+
+
+@triton.jit
+def _synthesis_level(t, hc, wc, accin, dst, hf, wf, b, m0, n0, cc, cmask, HAS_ACC: tl.constexpr,
+                     C: tl.constexpr, S: tl.constexpr, SW: tl.constexpr, CH: tl.constexpr, COMPUTE: tl.constexpr):
+    """acc = inverse Haar step of the filtered subbands ``t`` (B, hc, wc, 4, C) (+ accin (B, hc, wc, C) on the
+    low-pass) for the S x SW positions from (m0, n0), into ``dst`` (B, hf, wf, C), cropped."""
+    for c0 in tl.static_range(0, S * SW, CH):
+        s = c0 + tl.arange(0, CH)[:, None]
+        m = m0 + s // SW
+        n = n0 + s % SW
+        ok = cmask & (s < S * SW) & (m < hc) & (n < wc)
+        pos = (b * hc + m).to(tl.int64) * wc + n
+        tp = t + pos * (4 * C)
+        t0 = tl.load(tp, mask=ok, other=0.0).to(COMPUTE)
+        t1 = tl.load(tp + C, mask=ok, other=0.0).to(COMPUTE)
+        t2 = tl.load(tp + 2 * C, mask=ok, other=0.0).to(COMPUTE)
+        t3 = tl.load(tp + 3 * C, mask=ok, other=0.0).to(COMPUTE)
+        if HAS_ACC:
+            # t carries the synthesis 1/2 (folded into the weights); the coarser levels' sum needs it too.
+            t0 += 0.5 * tl.load(accin + pos * C, mask=ok, other=0.0).to(COMPUTE)
+        pp = t0 + t1
+        qq = t0 - t1
+        rr = t2 + t3
+        ss = t2 - t3
+        fr = 2 * m
+        fc = 2 * n
+        o = dst + ((b * hf + fr).to(tl.int64) * wf + fc) * C
+        ty = dst.dtype.element_ty
+        mr = ok & (fc + 1 < wf)
+        mb = fr + 1 < hf
+        tl.store(o, (pp + rr).to(ty), mask=ok)
+        tl.store(o + C, (pp - rr).to(ty), mask=mr)
+        tl.store(o + wf * C, (qq + ss).to(ty), mask=ok & mb)
+        tl.store(o + wf * C + C, (qq - ss).to(ty), mask=mr & mb)
+
+
+@triton.jit
+def _synthesis_kernel(
+    t_ptr,  # flat filtered-subband buffer at this launch's finest level (laid out as the coefficients)
+    acc_ptr,  # flat buffer, same layout: level i's region gets acc_i = (B, h_{i-1}, w_{i-1}, C)
+    H0, W0, B, PATCHES_W, PATCHES,
+    C: tl.constexpr, NL: tl.constexpr, M: tl.constexpr, HAS_ACC: tl.constexpr, BC: tl.constexpr,
+    CHUNK: tl.constexpr, COMPUTE: tl.constexpr,
+):
+    """NL levels of synthesis, coarse to fine, over a 2^NL x 2^NL patch of the (H0, W0) map the finest of them
+    synthesises to; HAS_ACC: the level above this launch's coarsest was synthesised by an earlier launch."""
+    pid = tl.program_id(0)
+    b = pid // PATCHES
+    patch = pid % PATCHES
+    py = patch // PATCHES_W
+    px = patch % PATCHES_W
+    cc = tl.program_id(1) * BC + tl.arange(0, BC)[None, :]
+    cmask = cc < C
+    for j in tl.static_range(NL - 1, -1, -1):
+        # Level j of this launch: sizes and offset from the finest one.
+        hf = H0
+        wf = W0
+        off = (B * 0).to(tl.int64)
+        for i in tl.static_range(j):
+            hf = (hf + 1) // 2  # level i's coefficient map, then the map level i + 1 synthesises to
+            wf = (wf + 1) // 2
+            off += (B * hf * wf).to(tl.int64) * (4 * C)
+        hc = (hf + 1) // 2
+        wc = (wf + 1) // 2
+        up = off + (B * hc * wc).to(tl.int64) * (4 * C)  # the next coarser level's region
+        if j < NL - 1:
+            tl.debug_barrier()  # acc of the coarser level, written by this program, is read next
+        _synthesis_level(t_ptr + off + cc, hc, wc, acc_ptr + up + cc, acc_ptr + off + cc, hf, wf, b,
+                         py << (NL - 1 - j), (px * M) << (NL - 1 - j), cc, cmask, True if HAS_ACC else j < NL - 1,
+                         C, 1 << (NL - 1 - j), M << (NL - 1 - j),
+                         CHUNK if CHUNK < (M << (2 * (NL - 1 - j))) else (M << (2 * (NL - 1 - j))), COMPUTE)
 @triton.jit
 def _round(v, ROUND: tl.constexpr):
     """``v`` rounded to the dtype ROUND (to nearest even, as torch's casts), still in a wider type.
@@ -380,17 +461,20 @@ def _group_tile(C: tl.constexpr, KK: tl.constexpr, TP: tl.constexpr, BLOCK_C: tl
     return tl.program_id(1), t, c1, c1 < C, (t < KK) & (c1[None, :] < C)
 
 
+
+
 @triton.jit
 def _fold_kernel(
     w_ptr, b_ptr, bs_ptr, ww_ptr, ws_ptr,  # the layer's parameters, contiguous, in their own dtype
     bw_ptr,  # (K, K, C): weight * base_scale
     bb_ptr,  # (C,): bias * base_scale (HAS_BIAS)
-    lw_ptr,  # (L, 4, K, K, C): wavelet_weight * wavelet_scale * 1/2
+    lw_ptr,  # (L, K, K, 4, C): wavelet_weight * wavelet_scale * 1/2 (the synthesis 1/2)
     C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr,
     COMPUTE: tl.constexpr, ROUND: tl.constexpr,  # None, or the dtype autocast would cast the parameters to
 ):
     """The kernels' weights, one program per channel block and group (0: base, i: level i), from the parameters'
-    (C, ..., K, K) layouts to taps-major, channels-contiguous ones."""
+    (C, ..., K, K) layouts to taps-major, channels-contiguous ones (a level's 4C subband channels as the level
+    convolution and the coefficient buffers order them)."""
     KK: tl.constexpr = K * K
     g, t, c1, cm1, tm = _group_tile(C, KK, TP, BLOCK_C)
     cc = c1[None, :]
@@ -406,27 +490,51 @@ def _fold_kernel(
         for s in tl.static_range(4):
             sc = _param(ws_ptr, lc * 4 + s, cm1, ROUND, COMPUTE) * 0.5
             w = _param(ww_ptr, (lc[None, :] * 4 + s) * KK + t, tm, ROUND, COMPUTE)
-            tl.store(lw_ptr + (((g - 1) * 4 + s) * KK + t) * C + cc, (w * sc[None, :]).to(lw_ptr.dtype.element_ty),
+            tl.store(lw_ptr + (((g - 1) * KK + t) * 4 + s) * C + cc, (w * sc[None, :]).to(lw_ptr.dtype.element_ty),
                      mask=tm)
 
 
 @triton.jit
+def _level_rows(g, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr):
+    """(first partial row, rows) of level g in a weight-gradient launch over every level (see _level_of)."""
+    h = H
+    w = W
+    start = g * 0
+    first = g * 0
+    rows = g * 0
+    for i in tl.static_range(LEVELS):
+        h = (h + 1) // 2
+        w = (w + 1) // 2
+        n = ((B + IMGS - 1) // IMGS) * ((w + BW - 1) // BW)
+        first = tl.where(g == i + 1, start, first)
+        rows = tl.where(g == i + 1, n, rows)
+        start += n
+    return first, rows
+
+
+@triton.jit
 def _param_grads_kernel(
-    corr_ptr,  # (L + 1, 4, TP, C): what correlations() returns
+    bpart_ptr,  # (R0, TP, C) base partials: taps, then dy's sum in lane K*K
+    lpart_ptr,  # (R, TP, 4C) level partials, level i's rows after level i-1's
     w_ptr, b_ptr, bs_ptr, ww_ptr, ws_ptr,  # the layer's parameters, contiguous
     dw_ptr, db_ptr, dbs_ptr, dww_ptr, dws_ptr,  # their gradients, same shapes and dtypes
-    C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr,
-    COMPUTE: tl.constexpr, ROUND: tl.constexpr,  # as in _fold_kernel
+    R0, H, W, B, IMGS,
+    C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr, ROUND: tl.constexpr,  # as _fold_kernel
 ):
-    """Chain rule through the folding, one program per channel block and group (0: base, i: level i):
-    ``d W = scale * corr``, ``d scale = sum_taps W * corr`` (+ ``bias * sum dy`` for base_scale),
-    ``d bias = base_scale * sum dy``."""
+    """Partials summed in a fixed order, then the chain rule through the folding, one program per channel block
+    and group (0: base, i: level i): ``d W = scale * corr``, ``d scale = sum_taps W * corr`` (+ ``bias * sum dy``
+    for base_scale), ``d bias = base_scale * sum dy``."""
     KK: tl.constexpr = K * K
     g, t, c1, cm1, tm = _group_tile(C, KK, TP, BLOCK_C)
     cc = c1[None, :]
     if g == 0:
-        corr = tl.load(corr_ptr + t * C + cc, mask=tm, other=0.0).to(COMPUTE)
-        dsum = tl.load(corr_ptr + KK * C + c1, mask=cm1, other=0.0).to(COMPUTE)
+        corr = tl.zeros((TP, BLOCK_C), dtype=COMPUTE)
+        pm = (t <= KK) & (cc < C)
+        for r in range(R0):
+            corr += tl.load(bpart_ptr + (r * TP + t).to(tl.int64) * C + cc, mask=pm, other=0.0).to(COMPUTE)
+        dsum = tl.sum(tl.where(t == KK, corr, 0.0), 0)
+        corr = tl.where(t < KK, corr, 0.0)
         bs = _param(bs_ptr, c1, cm1, ROUND, COMPUTE)
         w = _param(w_ptr, cc * KK + t, tm, ROUND, COMPUTE)
         _store_grad(dw_ptr, cc * KK + t, corr * bs[None, :], tm, ROUND)
@@ -436,16 +544,32 @@ def _param_grads_kernel(
         _store_grad(dbs_ptr, c1, dbs, cm1, ROUND)
         _store_grad(db_ptr, c1, bs * dsum, cm1, ROUND)
     else:
+        first, rows = _level_rows(g, H, W, B, IMGS, BW, LEVELS)
+        c0 = tl.zeros((TP, BLOCK_C), dtype=COMPUTE)
+        c1_ = tl.zeros((TP, BLOCK_C), dtype=COMPUTE)
+        c2 = tl.zeros((TP, BLOCK_C), dtype=COMPUTE)
+        c3 = tl.zeros((TP, BLOCK_C), dtype=COMPUTE)
+        for r in range(first, first + rows):
+            p = lpart_ptr + (r * TP + t).to(tl.int64) * (4 * C) + cc
+            c0 += tl.load(p, mask=tm, other=0.0).to(COMPUTE)
+            c1_ += tl.load(p + C, mask=tm, other=0.0).to(COMPUTE)
+            c2 += tl.load(p + 2 * C, mask=tm, other=0.0).to(COMPUTE)
+            c3 += tl.load(p + 3 * C, mask=tm, other=0.0).to(COMPUTE)
         lc = (g - 1) * C + c1
-        for s in tl.static_range(4):
-            corr = tl.load(corr_ptr + ((g * 4 + s) * TP + t) * C + cc, mask=tm, other=0.0).to(COMPUTE)
-            sc = _param(ws_ptr, lc * 4 + s, cm1, ROUND, COMPUTE)
-            woff = (lc[None, :] * 4 + s) * KK + t
-            w = _param(ww_ptr, woff, tm, ROUND, COMPUTE)
-            _store_grad(dww_ptr, woff, corr * sc[None, :], tm, ROUND)
-            _store_grad(dws_ptr, lc * 4 + s, tl.sum(w * corr, 0), cm1, ROUND)
+        _level_param_grads(c0, 0, lc, t, tm, cm1, ww_ptr, ws_ptr, dww_ptr, dws_ptr, KK, ROUND, COMPUTE)
+        _level_param_grads(c1_, 1, lc, t, tm, cm1, ww_ptr, ws_ptr, dww_ptr, dws_ptr, KK, ROUND, COMPUTE)
+        _level_param_grads(c2, 2, lc, t, tm, cm1, ww_ptr, ws_ptr, dww_ptr, dws_ptr, KK, ROUND, COMPUTE)
+        _level_param_grads(c3, 3, lc, t, tm, cm1, ww_ptr, ws_ptr, dww_ptr, dws_ptr, KK, ROUND, COMPUTE)
 
 
+@triton.jit
+def _level_param_grads(corr, s: tl.constexpr, lc, t, tm, cm1, ww_ptr, ws_ptr, dww_ptr, dws_ptr, KK: tl.constexpr,
+                       ROUND: tl.constexpr, COMPUTE: tl.constexpr):
+    sc = _param(ws_ptr, lc * 4 + s, cm1, ROUND, COMPUTE)
+    woff = (lc[None, :] * 4 + s) * KK + t
+    w = _param(ww_ptr, woff, tm, ROUND, COMPUTE)
+    _store_grad(dww_ptr, woff, corr * sc[None, :], tm, ROUND)
+    _store_grad(dws_ptr, lc * 4 + s, tl.sum(w * corr, 0), cm1, ROUND)
 # ----------------------------------------------------------------------------------------------------------------
 # Launchers
 
@@ -463,24 +587,17 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-# Launch shapes (benchmarks/tune_tiles.py sweeps them). Fixed shapes, not an autotuner: the weight-gradient
-# reduction order, hence the bits, must not change from run to run. Override with ``TUNING.update(...)`` or with
-# ``WTCONVNEXT_TUNING=<file.json>`` (what tune_tiles.py writes) for another GPU.
-# H200 sweep (bf16, WTConvNeXt-T stage shapes; results/h200/tune_v2_bf16.json): 16 positions x 32 channels with
-# 4 warps was the fastest forward on stages 1-3 (stage 4: 0.233 vs 0.193 ms with 64 channels). Weight gradients
-# (all taps on one axis): 1 position x 64 channels was the fastest of 14 shapes on every stage, bf16 and fp32
-# (results/h200/wgrad_taps_v3.txt); 1024 programs of at least 16 positions the fastest bf16 total of 8 splits, with
-# 32 MB of partials at most instead of 144 MB for 2048 programs (results/h200/wgrad_chunks_v4.txt). Row-walking
-# weight-gradient kernel (results/h200/s11/tune_rows.txt, bf16): 1 position per step still the fastest of 1, 2, 4.
-# Its channel block, 32 vs 64, with 2 or 4 warps (results/h200/s12/tune_warps.txt; stages 3-4 there include host
-# time): 4 warps beat 2 on 7 of 8 shapes; 32 channels halve the partials' memory, and in kernel time (profiles,
-# results/h200/summary_v7.md) made fp32 stages 2-4 7-11 % faster and left bf16 within +-6 %.
+# Launch shapes: fixed, not autotuned (the weight-gradient partials, hence the bits, must not depend on timing).
+# Override with ``TUNING.update(...)`` or ``WTCONVNEXT_TUNING=<file.json>``. From the H200 sweep of the
+# explicit-column kernels (results/h200/ncu_rows.txt, depthwise 5x5 at the stage-1 shape, bf16): forward 4 columns x
+# 32 channels, one warp (0.123 ms vs cuDNN's 0.141); weight gradient 7 columns x 64 channels, two warps, 4 images
+# per program (0.174 ms vs 0.149).
 TUNING: dict[str, int] = {
-    "fwd_positions": 16, "fwd_block_c": 32, "fwd_warps": 4,
-    "wgrad_positions": 1, "wgrad_block_c": 32, "wgrad_warps": 4, "wgrad_programs": 1024,
-    "wgrad_min_chunk": 16,
+    "conv_bw": 4, "conv_bc": 32, "conv_warps": 1,
+    "wgrad_bw": 7, "wgrad_bc": 64, "wgrad_warps": 2, "wgrad_imgs": 4,
+    "patch_chunk": 64, "patch_bc": 32, "patch_warps": 4,
 }
-
+_POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc")
 
 def _tuning_from_env() -> None:
     path = os.environ.get("WTCONVNEXT_TUNING")
@@ -496,7 +613,7 @@ def _tuning_from_env() -> None:
     if bad:
         raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: unknown keys or non-positive values {bad}; "
                            f"expected positive integers for {sorted(TUNING)}")
-    for key in ("fwd_positions", "fwd_block_c", "wgrad_positions", "wgrad_block_c"):
+    for key in _POW2_KEYS:
         if key in values and values[key] & (values[key] - 1):
             raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: {key} must be a power of two, got {values[key]}")
     TUNING.update(values)
@@ -566,12 +683,59 @@ def _launch(fn, grid: tuple[int, int], args: tuple, warps: int, **consts: object
     kernel[(grid[0], grid[1], 1)](*args, *cvals)
 
 
-def _empty_cl(shape: tuple[int, int, int, int], like: Tensor, dtype: torch.dtype) -> Tensor:
-    return torch.empty(shape, device=like.device, dtype=dtype, memory_format=torch.channels_last)
+@functools.cache  # called on every launch; a handful of (C, cap) pairs per model
+def _block_c(ch: int, cap: int) -> int:
+    """Channels per program: the power of two up to ``cap`` (at least 32) that pads C least, the larger on a tie
+    (C = 96 takes 32: three full blocks rather than two with a fourth of the lanes idle)."""
+    if ch <= cap:
+        return _pow2(ch)
+    sizes = [cap >> i for i in range(cap.bit_length()) if cap >> i >= min(32, cap)]
+    return min(sizes, key=lambda b: (_cdiv(ch, b) * b, -b))
+
+
+
+@functools.cache
+def level_sizes(h: int, w: int, levels: int) -> tuple[tuple[int, int], ...]:
+    """Map sizes of levels 0 (the input) .. L: each the ceiling of half the one before (odd maps zero-extend)."""
+    sizes = [(h, w)]
+    for _ in range(levels):
+        sizes.append(((sizes[-1][0] + 1) // 2, (sizes[-1][1] + 1) // 2))
+    return tuple(sizes)
+
+
+@functools.cache
+def _offsets(bsz: int, ch: int, h: int, w: int, levels: int) -> tuple[int, ...]:
+    """Element offset of each level's region in a flat coefficient buffer (levels 1..L), and the total."""
+    offs = [0]
+    for hc, wc in level_sizes(h, w, levels)[1:]:
+        offs.append(offs[-1] + bsz * hc * wc * 4 * ch)
+    return tuple(offs)
+
+
+@functools.cache
+def _chunks(levels: int) -> tuple[tuple[int, int], ...]:
+    """(first level, levels) of each analysis / synthesis launch, fine to coarse."""
+    out, first = [], 1
+    while first <= levels:
+        nl = min(PATCH_LEVELS, levels - first + 1)
+        out.append((first, nl))
+        first += nl
+    return tuple(out)
+
+
+def _patches(hf: int, wf: int, nl: int) -> tuple[int, int, int]:
+    """(M, patches along w, patches) over a first-level map of hf x wf: a patch is 2^(nl-1) x M*2^(nl-1)
+    positions there, M widening small patches to at least ``patch_chunk`` positions (not past the map)."""
+    side = 1 << (nl - 1)
+    m = 1
+    while side * side * m < TUNING["patch_chunk"] and side * m < wf:
+        m *= 2
+    pw = _cdiv(wf, side * m)
+    return m, pw, _cdiv(hf, side) * pw
 
 
 def _check_cl(*tensors: Tensor) -> None:
-    # The kernels derive every stride from the shape (channel count a compile-time constant).
+    # The kernels derive every stride from the shape.
     for t in tensors:
         if not t.is_contiguous(memory_format=torch.channels_last):
             raise ValueError(
@@ -580,58 +744,37 @@ def _check_cl(*tensors: Tensor) -> None:
             )
 
 
-def _pos_tiles(hc: int, wc: int, positions: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, tiles along n, tiles per image) for a coarse hc x wc map."""
-    bn = min(_pow2(max(wc, 1)), positions, 8)
-    bm = min(_pow2(max(hc, 1)), max(positions // bn, 1))
-    tiles_n = _cdiv(wc, bn)
-    return bm, bn, tiles_n, _cdiv(hc, bm) * tiles_n
-
-
-@functools.cache  # called on every launch; a handful of (C, cap) pairs per model
-def _block_c(ch: int, cap: int) -> int:
-    """Channels per program: the power of two up to ``cap`` (at least 32) that pads C least, the larger on a tie.
-
-    C = 96 takes 32 (three full blocks) rather than 64 (a fourth of the lanes idle): on the H200 the weight
-    gradients of the stage-1 shape ran 1.15 vs 1.44 ms (results/h200/s11/tune_rows.txt)."""
-    if ch <= cap:
-        return _pow2(ch)
-    sizes = [cap >> i for i in range(cap.bit_length()) if cap >> i >= min(32, cap)]
-    return min(sizes, key=lambda b: (_cdiv(ch, b) * b, -b))
-
-
-def ll_pyramid(x: Tensor, levels: int) -> list[Tensor]:
-    """[LL_0 = x, LL_1, ..., LL_{levels-1}]: the low-pass inputs of every level (channels-last, compute dtype).
-
-    One launch per level. (A single launch computing up to four levels from a tile in registers was tried: its
-    reshapes cost 7x the time of these launches on the H200; results/h200/summary_v5.md.)
-    """
+def coefficients(x: Tensor, levels: int) -> Tensor:
+    """The Haar subbands of every level of the channels-last ``x`` (B, C, H, W), each computed once: a flat buffer
+    in x's dtype holding level i as (B, h_i, w_i, 4, C) after level i - 1 (subbands LL, top-minus-bottom,
+    left-minus-right, diagonal; odd maps zero-extended). One launch per five levels."""
     _check_cl(x)
-    pyr = [x]
-    bsz, ch = x.shape[:2]
-    for _ in range(1, levels):
-        src = pyr[-1]
-        hs, ws = src.shape[-2:]
-        hc, wc = (hs + 1) // 2, (ws + 1) // 2
-        out = _empty_cl((bsz, ch, hc, wc), x, _acc_dtype(x.dtype))
-        bm, bn, tiles_n, tiles = _pos_tiles(hc, wc, 16)
-        bc = _block_c(ch, 64)
+    bsz, ch, h, w = x.shape
+    sizes = level_sizes(h, w, levels)
+    offs = _offsets(bsz, ch, h, w, levels)
+    buf = torch.empty((offs[-1],), device=x.device, dtype=x.dtype)
+    bc = _block_c(ch, TUNING["patch_bc"])
+    src, pix = x, ch
+    for first, nl in _chunks(levels):
+        m, pw, patches = _patches(*sizes[first], nl)
         _launch(
-            _ll_kernel, (bsz * tiles, _cdiv(ch, bc)), (src, out, hs, ws, tiles_n, tiles), 4,
-            C=ch, BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=_compute_dtype(x.dtype),
+            _analysis_kernel, (bsz * patches, _cdiv(ch, bc)),
+            (src, buf[offs[first - 1]:], sizes[first - 1][0], sizes[first - 1][1], bsz, pw, patches),
+            TUNING["patch_warps"], C=ch, SRC_PIX=pix, NL=nl, M=m, BC=bc, CHUNK=TUNING["patch_chunk"],
+            COMPUTE=_compute_dtype(x.dtype),
         )
-        pyr.append(out)
-    return pyr
+        src, pix = buf[offs[first + nl - 2]:], 4 * ch  # the next launch starts from this one's coarsest level
+    return buf
 
 
 def folded_weights(
     weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor,
     round_to: Optional[torch.dtype] = None,
 ) -> tuple[Tensor, Optional[Tensor], Tensor]:
-    """The kernels' weights: scales (and, for the levels, the Haar 1/2) folded in, taps-major and channels
+    """The kernels' weights: scales (and, for the levels, the synthesis 1/2) folded in, taps-major and channels
     contiguous, in the compute dtype; one launch.
 
-    Returns ``(base (K, K, C), bias * base_scale (C,) or None, levels (L, 4, K, K, C))``. The forward computes them
+    Returns ``(base (K, K, C), bias * base_scale (C,) or None, levels (L, K, K, 4, C))``. The forward computes them
     once and the backward reuses them (the input-gradient pass reads them rotated, ``flip=True``). ``round_to``:
     the parameters are first rounded to this dtype (autocast's cast, without a cast pass per parameter).
     """
@@ -640,9 +783,8 @@ def folded_weights(
     dev = weight.device
     base = torch.empty((k, k, ch), device=dev, dtype=acc)
     fb = None if bias is None else torch.empty((ch,), device=dev, dtype=acc)
-    lev = torch.empty((levels, 4, k, k, ch), device=dev, dtype=acc)
+    lev = torch.empty((levels, k, k, 4, ch), device=dev, dtype=acc)
     bc = _block_c(ch, 64)
-    # The Haar 1/2 of the analysis butterfly goes into the level kernels (exact: a power of two).
     _launch(
         _fold_kernel, (_cdiv(ch, bc), levels + 1),
         (weight.contiguous(), base if bias is None else bias.contiguous(), base_scale.contiguous(),
@@ -654,105 +796,94 @@ def folded_weights(
 
 
 def wtconv_forward(
-    pyr: list[Tensor], out: Tensor, base_w: Tensor, base_b: Optional[Tensor], level_w: Tensor, stride: int,
-    flip: bool = False,
+    x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor], level_w: Tensor, stride: int,
+    flip: bool = False, coef: Optional[Tensor] = None,
 ) -> Tensor:
-    """Run the level kernels coarse to fine on the low-pass pyramid ``pyr`` of the input, writing ``out``.
+    """The WTConv of the channels-last ``x`` into the channels-last ``out`` (B, C, ceil(H/stride), ceil(W/stride)).
 
-    ``out`` is channels-last (B, C, ceil(H/stride), ceil(W/stride)); the weights come from :func:`folded_weights`;
-    ``flip`` rotates every kernel by 180 degrees (the input-gradient pass).
+    Weights from :func:`folded_weights`; ``flip`` rotates every kernel by 180 degrees (the input-gradient pass).
+    ``coef``: x's :func:`coefficients` when already computed; it is overwritten (the synthesis reuses it).
     """
-    x = pyr[0]
     _check_cl(x, out)
     bsz, ch, h, w = x.shape
-    levels = level_w.shape[0]
-    k = base_w.shape[0]
+    levels, k = level_w.shape[0], base_w.shape[0]
     compute = _compute_dtype(x.dtype)
-    bc = _block_c(ch, TUNING["fwd_block_c"])
-    acc: Optional[Tensor] = None
-    for i in range(max(levels, 1), 0, -1):  # level i reads pyr[i - 1]; L = 0 runs the base alone
-        src = pyr[i - 1]
-        hs, ws = src.shape[-2:]
-        hc, wc = (hs + 1) // 2, (ws + 1) // 2
-        last = i == 1
-        dst = out if last else _empty_cl((bsz, ch, hs, ws), x, _acc_dtype(x.dtype))
-        bm, bn, tiles_n, tiles = _pos_tiles(hc, wc, TUNING["fwd_positions"])
-        aux = acc if acc is not None else dst
+    bw, warps = TUNING["conv_bw"], TUNING["conv_warps"]
+    acc1: Optional[Tensor] = None
+    if levels:
+        if coef is None:
+            coef = coefficients(x, levels)
+        sizes = level_sizes(h, w, levels)
+        offs = _offsets(bsz, ch, h, w, levels)
+        filt = torch.empty_like(coef)
+        bc = _block_c(4 * ch, TUNING["conv_bc"])
+        programs = sum(bsz * _cdiv(wc, bw) for _, wc in sizes[1:])
         _launch(
-            _level_fwd_kernel, (bsz * tiles, _cdiv(ch, bc)),
-            (src, aux, dst, level_w[i - 1] if levels else base_w, base_w, base_b if base_b is not None else base_w,
-             hs, ws, tiles_n, tiles), TUNING["fwd_warps"],
-            C=ch, K=k, STRIDE=stride if last else 1,
-            HAS_LEVEL=levels > 0, HAS_ACC=acc is not None, IS_LAST=last, HAS_BIAS=base_b is not None, FLIP=flip,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_C=bc, COMPUTE=compute,
+            _conv_kernel, (programs, _cdiv(4 * ch, bc)), (coef, coef, filt, level_w, level_w, h, w, bsz), warps,
+            CC=4 * ch, K=k, LEVELS=levels, BW=bw, BC=bc, STRIDE=1, HAS_ACC=False, HAS_BIAS=False, FLIP=flip,
+            COMPUTE=compute,
         )
-        acc = dst
+        pbc = _block_c(ch, TUNING["patch_bc"])
+        for first, nl in reversed(_chunks(levels)):  # coarse to fine
+            m, pw, patches = _patches(*sizes[first], nl)
+            _launch(
+                _synthesis_kernel, (bsz * patches, _cdiv(ch, pbc)),
+                (filt[offs[first - 1]:], coef[offs[first - 1]:], sizes[first - 1][0], sizes[first - 1][1], bsz, pw,
+                 patches), TUNING["patch_warps"],
+                C=ch, NL=nl, M=m, HAS_ACC=first + nl <= levels, BC=pbc, CHUNK=TUNING["patch_chunk"], COMPUTE=compute,
+            )
+        acc1 = coef  # level 1's region now holds acc_1, (B, H, W, C)
+    bc = _block_c(ch, TUNING["conv_bc"])
+    _launch(
+        _conv_kernel, (bsz * _cdiv(w, bw), _cdiv(ch, bc)),
+        (x, x if acc1 is None else acc1, out, base_w, base_w if base_b is None else base_b, h, w, bsz), warps,
+        CC=ch, K=k, LEVELS=0, BW=bw, BC=bc, STRIDE=stride, HAS_ACC=acc1 is not None, HAS_BIAS=base_b is not None,
+        FLIP=flip, COMPUTE=compute,
+    )
     return out
 
 
-def _correlate(xs: Tensor, gs: Tensor, k: int, base: bool, out: Tensor) -> None:
-    """Correlations of one level (NSUB = 4) or of the base (NSUB = 1, dy's sum in lane K*K), summed
-    deterministically into ``out`` (NSUB, TP, C)."""
-    bsz, ch, hs, ws = xs.shape
-    hm, wm = (hs, ws) if base else ((hs + 1) // 2, (ws + 1) // 2)
-    npos = bsz * hm * wm
-    tp = out.shape[1]
-    nsub = 1 if base else 4
-    bc = _block_c(ch, TUNING["wgrad_block_c"])
-    # Positions per step: as tuned for 5x5 taps (32 lanes), fewer for larger kernels so the tile stays as large.
-    bs = max(1, min(TUNING["wgrad_positions"], TUNING["wgrad_positions"] * 32 // tp))
-    cblocks = _cdiv(ch, bc)
-    # Enough programs to fill the GPU, but each with at least wgrad_min_chunk positions: a program's partial
-    # (NSUB x TP x channels, fp32) costs memory and traffic, which on small maps outweighs its input. The chunk
-    # length depends on the shape only (bitwise reproducible).
-    chunks = max(1, min(_cdiv(npos, max(bs, TUNING["wgrad_min_chunk"])), TUNING["wgrad_programs"] // cblocks))
-    # Programs take whole rows of positions (no index division per step): as many rows each as spreads them evenly.
-    rows = bsz * hm
-    rows_per = _cdiv(rows, chunks)
-    chunks = _cdiv(rows, rows_per)
-    part = torch.empty((chunks, nsub, tp, ch), device=xs.device, dtype=out.dtype)
+def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Optional[Tensor], k: int,
+                    levels: int) -> tuple[Tensor, Tensor]:
+    """Per-program partial correlations of the weight gradients (w.r.t. the folded weights), for
+    :func:`param_grads`: the base's of x and dy (with dy's sum in lane K*K), and every level's of the two
+    coefficient buffers, in one launch each."""
+    _check_cl(x, dy)
+    bsz, ch, h, w = x.shape
+    bw, warps, imgs = TUNING["wgrad_bw"], TUNING["wgrad_warps"], TUNING["wgrad_imgs"]
+    tp = _pow2(k * k + 1)
+    groups = _cdiv(bsz, imgs)
+    acc = _acc_dtype(x.dtype)
+    compute = _compute_dtype(x.dtype)
+    bc = _block_c(ch, TUNING["wgrad_bc"])
+    base = torch.empty((groups * _cdiv(w, bw), tp, ch), device=x.device, dtype=acc)
     _launch(
-        _wgrad_kernel, (chunks, cblocks), (xs, gs, part, hs, ws, rows, rows_per), TUNING["wgrad_warps"],
-        C=ch, K=k, TP=tp, BASE=base, BLOCK_S=bs, BLOCK_C=bc, COMPUTE=_compute_dtype(xs.dtype),
+        _wgrad_kernel, (base.shape[0], _cdiv(ch, bc)), (x, dy, base, h, w, bsz, imgs), warps,
+        CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute,
     )
-    torch.sum(part, 0, out=out)  # fixed-order sum over the chunks (no atomics)
-
-
-def correlations(xpyr: list[Tensor], gpyr: list[Tensor], k: int, levels: int) -> Tensor:
-    """Every raw correlation of the weight gradients (w.r.t. the folded weights) in one (L + 1, 4, TP, C) buffer,
-    fp32 (fp64 for fp64 inputs), TP = next power of two above K*K.
-
-    Group 0 is the base: ``[0, 0, ky * K + kx]`` = ``sum x[p + (ky - P, kx - P)] * dy[p]`` over batch and map, and
-    ``[0, 0, K * K]`` = the sum of dy. Group i = 1..L, subband s: the same for the Haar subbands of LL_{i-1} of x
-    and of dy at level i's resolution. Unused rows are left unwritten.
-    """
-    _check_cl(*xpyr, *gpyr)
-    ch = xpyr[0].shape[1]
-    corr = torch.empty((levels + 1, 4, _pow2(k * k + 1), ch), device=xpyr[0].device, dtype=_acc_dtype(xpyr[0].dtype))
-    _correlate(xpyr[0], gpyr[0], k, True, corr[0, :1])
-    for i in range(levels):
-        _correlate(xpyr[i], gpyr[i], k, False, corr[i + 1])
-    return corr
-
-
-def wtconv_weight_grads(xpyr: list[Tensor], gpyr: list[Tensor], k: int, levels: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The correlations of :func:`correlations` as views: ``level_corr`` (L, C, 4, K, K), ``base_corr`` (C, K, K)
-    and the sum of dy (C,)."""
-    corr = correlations(xpyr, gpyr, k, levels)
-    kk = k * k
-    ch = corr.shape[-1]
-    level_corr = corr[1:, :, :kk].unflatten(2, (k, k)).permute(0, 4, 1, 2, 3)
-    return level_corr, corr[0, 0, :kk].view(k, k, ch).permute(2, 0, 1), corr[0, 0, kk]
+    if not levels:
+        return base, base
+    rows = sum(groups * _cdiv(wc, bw) for _, wc in level_sizes(h, w, levels)[1:])
+    lev = torch.empty((rows, tp, 4 * ch), device=x.device, dtype=acc)
+    bc = _block_c(4 * ch, TUNING["wgrad_bc"])
+    _launch(
+        _wgrad_kernel, (rows, _cdiv(4 * ch, bc)), (coef_x, coef_dy, lev, h, w, bsz, imgs), warps,
+        CC=4 * ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC=bc, DSUM=False, COMPUTE=compute,
+    )
+    return base, lev
 
 
 def param_grads(
-    corr: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
-    wavelet_scale: Tensor, round_to: Optional[torch.dtype] = None,
+    parts: tuple[Tensor, Tensor], x_shape: tuple[int, ...], weight: Tensor, bias: Optional[Tensor],
+    base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor, round_to: Optional[torch.dtype] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The parameters' gradients from :func:`correlations`, in one launch: ``(d weight, d bias, d base_scale,
-    d wavelet_weight, d wavelet_scale)``, each contiguous in its parameter's shape and dtype (d bias in
-    base_scale's dtype when there is no bias: the gradient a zero bias would get). With ``round_to`` (as given to
-    :func:`folded_weights`), each is rounded through that dtype, as the backward of a cast to it would."""
+    """The parameters' gradients from :func:`weight_partials` (of an input of ``x_shape``), in one launch:
+    ``(d weight, d bias, d base_scale, d wavelet_weight, d wavelet_scale)``, each contiguous in its parameter's
+    shape and dtype (d bias in base_scale's dtype when there is no bias: the gradient a zero bias would get). With
+    ``round_to`` (as given to :func:`folded_weights`), each is rounded through that dtype, as the backward of a
+    cast to it would."""
+    bpart, lpart = parts
+    bsz, _, h, w = x_shape
     ch, k, levels = weight.shape[0], weight.shape[-1], wavelet_weight.shape[0]
     weight, base_scale = weight.contiguous(), base_scale.contiguous()
     wavelet_weight, wavelet_scale = wavelet_weight.contiguous(), wavelet_scale.contiguous()
@@ -764,9 +895,9 @@ def param_grads(
     bc = _block_c(ch, 64)
     _launch(
         _param_grads_kernel, (_cdiv(ch, bc), levels + 1),
-        (corr, weight, bias if bias is not None else base_scale, base_scale, wavelet_weight, wavelet_scale,
-         d_weight, d_bias, d_base_scale, d_ww, d_ws), 4,
-        C=ch, K=k, TP=corr.shape[2], HAS_BIAS=bias is not None, BLOCK_C=bc, COMPUTE=_compute_dtype(corr.dtype),
-        ROUND=_tl_dtype(round_to),
+        (bpart, lpart, weight, bias if bias is not None else base_scale, base_scale, wavelet_weight, wavelet_scale,
+         d_weight, d_bias, d_base_scale, d_ww, d_ws, bpart.shape[0], h, w, bsz, TUNING["wgrad_imgs"]), 4,
+        C=ch, K=k, TP=bpart.shape[1], LEVELS=levels, BW=TUNING["wgrad_bw"], HAS_BIAS=bias is not None,
+        BLOCK_C=bc, COMPUTE=_compute_dtype(bpart.dtype), ROUND=_tl_dtype(round_to),
     )
     return d_weight, d_bias, d_base_scale, d_ww, d_ws

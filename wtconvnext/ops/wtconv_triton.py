@@ -8,8 +8,8 @@ Two entry points share one forward and one backward implementation:
 - in eager mode: a plain ``torch.autograd.Function`` that calls the same implementation directly, because the
   custom-op dispatch costs host time that small layers cannot hide (on the H200, stage-4 layers were host-bound).
 
-The forward saves only x, the parameters and the folded kernels; the backward recomputes the low-pass pyramid of x
-instead of storing coefficients.
+The forward saves only x, the parameters and the folded kernels; the backward recomputes x's Haar coefficients
+instead of storing them.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def _in_format_of(t: Tensor, x: Tensor) -> Tensor:
 
 
 if TRITON_AVAILABLE:
-    from .triton_kernels import correlations, folded_weights, ll_pyramid, param_grads, wtconv_forward
+    from .triton_kernels import coefficients, folded_weights, param_grads, weight_partials, wtconv_forward
 
     def _forward_impl(
         x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
@@ -65,7 +65,7 @@ if TRITON_AVAILABLE:
         # The kernels work on channels-last data (wide channel vectors); NCHW input costs one copy each way.
         out = torch.empty(_output_shape(x, stride), device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
         base_w, base_b, level_w = folded_weights(weight, bias, base_scale, wavelet_weight, wavelet_scale, round_to)
-        wtconv_forward(ll_pyramid(_channels_last(x), wavelet_weight.shape[0]), out, base_w, base_b, level_w, stride)
+        wtconv_forward(_channels_last(x), out, base_w, base_b, level_w, stride)
         return _in_format_of(out, x), base_w, level_w
 
     def _backward_impl(
@@ -82,14 +82,20 @@ if TRITON_AVAILABLE:
             dy_full[:, :, ::stride, ::stride] = dy
             dy = dy_full
         dy = _channels_last(dy)
-        gpyr = ll_pyramid(dy, levels)
+        xc = _channels_last(x)
+        # dy's coefficients serve both gradients: the weight gradients first, since the input-gradient pass
+        # overwrites them; x's coefficients are recomputed here rather than kept from the forward.
+        coef_dy = coefficients(dy, levels) if levels else None
+        coef_x = coefficients(xc, levels) if levels else None
+        parts = weight_partials(xc, dy, coef_x, coef_dy, k, levels)
+        del coef_x
+        grads = param_grads(parts, tuple(x.shape), weight, bias, base_scale, wavelet_weight, wavelet_scale, round_to)
+        del parts
         # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
         dx = torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
-        wtconv_forward(gpyr, dx, base_w, None, level_w, 1, flip=True)
-        dx = _in_format_of(dx, x)
-        # x's pyramid only now, so that it never coexists with the input-gradient pass's buffers.
-        corr = correlations(ll_pyramid(_channels_last(x), levels), gpyr, k, levels)
-        return (dx, *param_grads(corr, weight, bias, base_scale, wavelet_weight, wavelet_scale, round_to))
+        del xc
+        wtconv_forward(dy, dx, base_w, None, level_w, 1, flip=True, coef=coef_dy)
+        return (_in_format_of(dx, x), *grads)
 
     @torch.library.custom_op("wtconvnext::wtconv2d", mutates_args=(), device_types=None)
     def _wtconv2d_op(
