@@ -1,6 +1,6 @@
 """One fused WTConv forward + backward inside cudaProfilerStart/Stop, for Nsight Compute.
 
-    ncu --clock-control none --profile-from-start off --kernel-name regex:"_wgrad_kernel|_level_fwd_kernel" \\
+    ncu --clock-control none --profile-from-start off --kernel-name regex:"_wgrad_kernel|_conv_kernel" \\
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section InstructionStats \\
         python benchmarks/ncu_layer.py [--stage 0] [--dtype bf16]
 
