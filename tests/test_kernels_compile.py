@@ -36,6 +36,18 @@ def _cases():
     wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32)
     yield tk._wgrad_kernel, wg, dict(CC=96, K=5, TP=32, LEVELS=0, BW=7, BC=32, DSUM=True, COMPUTE=fp)
     yield tk._wgrad_kernel, wg, dict(CC=384, K=5, TP=32, LEVELS=4, BW=7, BC=64, DSUM=False, COMPUTE=fp)
+    # Triton specialises an int argument equal to 1 as a constant: every kernel must compile with them all 1.
+    one = dict(H0=1, W0=1, B=1, PATCHES_W=1, PATCHES=1)
+    yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16), \
+        dict(**one, C=96, SRC_PIX=96, NL=2, M=1, BC=32, CHUNK=64, COMPUTE=fp)
+    yield tk._synthesis_kernel, dict(t_ptr=bf16, acc_ptr=bf16), \
+        dict(**one, C=96, NL=2, M=1, HAS_ACC=True, BC=32, CHUNK=64, COMPUTE=fp)
+    for levels in (0, 2):
+        yield tk._conv_kernel, dict(x_ptr=bf16, acc_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32), \
+            dict(H=1, W=1, B=1, CC=96, K=5, LEVELS=levels, BW=4, BC=32, STRIDE=1, HAS_ACC=True, HAS_BIAS=True,
+                 FLIP=False, COMPUTE=fp)
+        yield tk._wgrad_kernel, dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32), \
+            dict(H=1, W=1, B=1, IMGS=1, CC=96, K=5, TP=32, LEVELS=levels, BW=7, BC=32, DSUM=True, COMPUTE=fp)
     params = dict(w_ptr=f32, b_ptr=f32, bs_ptr=f32, ww_ptr=f32, ws_ptr=f32)
     grads = dict(dw_ptr=f32, db_ptr=f32, dbs_ptr=f32, dww_ptr=f32, dws_ptr=f32)
     ints = dict(R0=i32, H=i32, W=i32, B=i32, IMGS=i32)
@@ -44,6 +56,9 @@ def _cases():
             dict(C=96, K=5, TP=32, HAS_BIAS=True, BLOCK_C=64, COMPUTE=fp, ROUND=round_to)
         yield tk._param_grads_kernel, dict(bpart_ptr=f32, lpart_ptr=f32, **params, **grads, **ints), \
             dict(C=96, K=5, TP=32, LEVELS=5, BW=7, HAS_BIAS=True, BLOCK_C=64, COMPUTE=fp, ROUND=round_to)
+    yield tk._param_grads_kernel, dict(bpart_ptr=f32, lpart_ptr=f32, **params, **grads), \
+        dict(R0=1, H=1, W=1, B=1, IMGS=1, C=96, K=5, TP=32, LEVELS=2, BW=7, HAS_BIAS=True, BLOCK_C=64, COMPUTE=fp,
+             ROUND=None)
     yield tk._param_grads_kernel, dict(bpart_ptr=f32, lpart_ptr=f32, **{k: bf16 for k in [*params, *grads]}, **ints), \
         dict(C=96, K=5, TP=32, LEVELS=2, BW=7, HAS_BIAS=False, BLOCK_C=64, COMPUTE=fp, ROUND=None)
 

@@ -75,7 +75,7 @@ def _level_of(pid, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr, CC: tl
         st = tl.where(sel, start, st)
         of = tl.where(sel, off, of)
         start += n
-        off += (B * h * w).to(tl.int64) * CC
+        off += tl.cast(B * h * w, tl.int64) * CC
     return lv, hs, ws, st, of
 
 
@@ -130,11 +130,11 @@ def _conv_kernel(
             outm = outm + (cmask & (n0 + q < w) & ((n0 + q) % STRIDE == 0),)
         else:
             outm = outm + (cmask & (n0 + q < w),)
-    rs = (w * CC).to(tl.int64)
+    rs = tl.cast(w * CC, tl.int64)
     xb = xb0 + b * h * rs + n0 * CC + cc
     ab = acc_ptr + b * h * rs + n0 * CC + cc
     ho = (h + STRIDE - 1) // STRIDE
-    ors = ((w + STRIDE - 1) // STRIDE * CC).to(tl.int64)
+    ors = tl.cast((w + STRIDE - 1) // STRIDE * CC, tl.int64)
     yb = yb0 + b * ho * ors + cc
     acc = ()
     for _ in tl.static_range(K * BW):
@@ -219,7 +219,7 @@ def _wgrad_kernel(
     gm = ()
     for q in tl.static_range(BW):
         gm = gm + (cmask & (n0 + q < w),)
-    rs = (w * CC).to(tl.int64)
+    rs = tl.cast(w * CC, tl.int64)
     acc = ()
     for _ in tl.static_range(K * K):
         acc = acc + (tl.zeros((BC,), dtype=COMPUTE),)
@@ -335,10 +335,10 @@ def _analysis_kernel(
     _analysis_level(src_ptr + cc, SRC_PIX, hs, ws, coef_ptr + cc, hd, wd, b, py << (NL - 1),
                     (px * M) << (NL - 1), cc, cmask, C, 1 << (NL - 1), M << (NL - 1),
                     CHUNK if CHUNK < (M << (2 * NL - 2)) else (M << (2 * NL - 2)), COMPUTE)
-    off = (B * hd * wd).to(tl.int64) * (4 * C)
+    off = tl.cast(B * hd * wd, tl.int64) * (4 * C)
     for j in tl.static_range(1, NL):
         tl.debug_barrier()  # the finer level's low-pass, written by this program, is read back next
-        prev = coef_ptr + (off - (B * hd * wd).to(tl.int64) * (4 * C))
+        prev = coef_ptr + (off - tl.cast(B * hd * wd, tl.int64) * (4 * C))
         hs = hd
         ws = wd
         hd = (hs + 1) // 2
@@ -346,7 +346,7 @@ def _analysis_kernel(
         _analysis_level(prev + cc, 4 * C, hs, ws, coef_ptr + off + cc, hd, wd, b, py << (NL - 1 - j),
                         (px * M) << (NL - 1 - j), cc, cmask, C, 1 << (NL - 1 - j), M << (NL - 1 - j),
                         CHUNK if CHUNK < (M << (2 * (NL - 1 - j))) else (M << (2 * (NL - 1 - j))), COMPUTE)
-        off += (B * hd * wd).to(tl.int64) * (4 * C)
+        off += tl.cast(B * hd * wd, tl.int64) * (4 * C)
 
 
 @triton.jit
@@ -405,14 +405,14 @@ def _synthesis_kernel(
         # Level j of this launch: sizes and offset from the finest one.
         hf = H0
         wf = W0
-        off = (B * 0).to(tl.int64)
+        off = tl.cast(B * 0, tl.int64)
         for i in tl.static_range(j):
             hf = (hf + 1) // 2  # level i's coefficient map, then the map level i + 1 synthesises to
             wf = (wf + 1) // 2
-            off += (B * hf * wf).to(tl.int64) * (4 * C)
+            off += tl.cast(B * hf * wf, tl.int64) * (4 * C)
         hc = (hf + 1) // 2
         wc = (wf + 1) // 2
-        up = off + (B * hc * wc).to(tl.int64) * (4 * C)  # the next coarser level's region
+        up = off + tl.cast(B * hc * wc, tl.int64) * (4 * C)  # the next coarser level's region
         if j < NL - 1:
             tl.debug_barrier()  # acc of the coarser level, written by this program, is read next
         _synthesis_level(t_ptr + off + cc, hc, wc, acc_ptr + up + cc, acc_ptr + off + cc, hf, wf, b,
