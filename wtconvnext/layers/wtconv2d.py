@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import Tensor, nn
 
-from ..ops import check_layer_args, wtconv2d
+from ..ops import check_layer_args, wtconv2d, wtconv2d_reference
 
 __all__ = ["WTConv2d", "remap_reference_state_dict", "REFERENCE_ONLY_KEYS"]
 
@@ -150,6 +150,12 @@ class WTConv2d(nn.Module):
         nn.init.constant_(self.wavelet_scale, 0.1)
 
     def forward(self, x: Tensor) -> Tensor:
+        if torch.jit.is_scripting():
+            # TorchScript compiles only this branch: the pure-PyTorch reference (the fused op and the backend choice
+            # are Python).
+            return wtconv2d_reference(
+                x, self.weight, self.bias, self.base_scale, self.wavelet_weight, self.wavelet_scale, self.stride
+            )
         return wtconv2d(
             x,
             self.weight,

@@ -5,7 +5,9 @@
 - ``'triton'``: the fused Triton kernels (:mod:`wtconvnext.ops.wtconv_triton`), a ``torch.library`` custom op with
   its own autograd. Runs on CUDA tensors, and on CPU tensors when ``TRITON_INTERPRET=1`` is set.
 - ``'reference'``: the pure-PyTorch reference (:mod:`wtconvnext.ops.reference`), differentiable through autograd.
-- ``'auto'`` (default): Triton for CUDA tensors when Triton is importable, the reference otherwise.
+- ``'auto'`` (default): Triton for CUDA tensors when Triton is importable, the reference otherwise. Graph captures
+  for deployment (``torch.export``, the ONNX exporters, TorchScript) always get the reference: plain convolutions
+  that every runtime has.
 
 The default comes from the environment variable ``WTCONVNEXT_BACKEND`` (``auto`` | ``triton`` | ``reference``),
 read at each call so tests and scripts can switch it; a per-call / per-layer ``backend`` argument wins over it.
@@ -14,6 +16,7 @@ read at each call so tests and scripts can switch it; a per-call / per-layer ``b
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Optional
 
 import torch
@@ -99,13 +102,19 @@ def resolve_backend(x: Tensor, backend: Optional[str] = None) -> str:
     if choice not in BACKENDS:
         raise ValueError(f"WTConv backend must be one of {BACKENDS}, got {choice!r}")
     if choice == "auto":
-        if x.is_cuda and x.dtype != torch.float64:
+        if x.is_cuda and x.dtype != torch.float64 and not _exporting():
             from . import wtconv_triton
 
             if wtconv_triton.TRITON_AVAILABLE:
                 return "triton"
         return "reference"
     return choice
+
+
+def _exporting() -> bool:
+    """True while torch.export (also under the dynamo ONNX exporter) or the legacy ONNX exporter's tracer runs."""
+    is_exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.5
+    return torch.jit.is_tracing() or (is_exporting is not None and is_exporting())
 
 
 def wtconv2d(
@@ -132,7 +141,14 @@ def wtconv2d(
     Returns:
         (B, C, ceil(H / stride), ceil(W / stride)).
     """
-    check_wtconv_inputs(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+    if torch.jit.is_tracing():
+        # The checks compare sizes, which the tracer records as tensors: it would warn that each comparison becomes a
+        # constant of the trace, which is what a check is.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            check_wtconv_inputs(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+    else:
+        check_wtconv_inputs(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
     if resolve_backend(x, backend) == "triton":
         if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(
