@@ -313,6 +313,15 @@ def _analysis_level(src, spix: tl.constexpr, hs, ws, dst, hd, wd, b, m0, n0, cc,
 
 
 @triton.jit
+def _patch_of(PATCHES, PATCHES_W, C: tl.constexpr, BC: tl.constexpr):
+    """This program's image, patch row and column, channels (1, BC) and their mask."""
+    pid = tl.program_id(0)
+    patch = pid % PATCHES
+    cc = tl.program_id(1) * BC + tl.arange(0, BC)[None, :]
+    return pid // PATCHES, patch // PATCHES_W, patch % PATCHES_W, cc, cc < C
+
+
+@triton.jit
 def _analysis_kernel(
     src_ptr,  # (B, H0, W0, *) the map the first level analyses: x (pixel stride C), or a level's coefficients (4C)
     coef_ptr,  # flat coefficient buffer at the first level this launch writes: (B, h_i, w_i, 4, C) per level
@@ -321,13 +330,7 @@ def _analysis_kernel(
     CHUNK: tl.constexpr, COMPUTE: tl.constexpr,
 ):
     """NL levels of a 2^NL x M*2^NL patch of the source: each level from the low-pass this program just wrote."""
-    pid = tl.program_id(0)
-    b = pid // PATCHES
-    patch = pid % PATCHES
-    py = patch // PATCHES_W
-    px = patch % PATCHES_W
-    cc = tl.program_id(1) * BC + tl.arange(0, BC)[None, :]
-    cmask = cc < C
+    b, py, px, cc, cmask = _patch_of(PATCHES, PATCHES_W, C, BC)
     hs = H0
     ws = W0
     hd = (hs + 1) // 2
@@ -392,15 +395,9 @@ def _synthesis_kernel(
     C: tl.constexpr, NL: tl.constexpr, M: tl.constexpr, HAS_ACC: tl.constexpr, BC: tl.constexpr,
     CHUNK: tl.constexpr, COMPUTE: tl.constexpr,
 ):
-    """NL levels of synthesis, coarse to fine, over a 2^NL x 2^NL patch of the (H0, W0) map the finest of them
+    """NL levels of synthesis, coarse to fine, over a 2^NL x M*2^NL patch of the (H0, W0) map the finest of them
     synthesises to; HAS_ACC: the level above this launch's coarsest was synthesised by an earlier launch."""
-    pid = tl.program_id(0)
-    b = pid // PATCHES
-    patch = pid % PATCHES
-    py = patch // PATCHES_W
-    px = patch % PATCHES_W
-    cc = tl.program_id(1) * BC + tl.arange(0, BC)[None, :]
-    cmask = cc < C
+    b, py, px, cc, cmask = _patch_of(PATCHES, PATCHES_W, C, BC)
     for j in tl.static_range(NL - 1, -1, -1):
         # Level j of this launch: sizes and offset from the finest one.
         hf = H0
