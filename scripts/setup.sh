@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up a fresh machine for wtconvnext: a .venv at the repository root with PyTorch and the package (editable,
-# with the dev extras). Safe to re-run: an existing .venv is reused and pip skips what is already installed.
+# with the dev extras: pytest, the train and export extras) and timm's own test files. Safe to re-run: an existing
+# .venv is reused and pip skips what is already installed.
 #
 #   bash scripts/setup.sh            # then: .venv/bin/python -m pytest -q
 #
@@ -18,4 +19,7 @@ fi
 # there), and letting the project's torch range resolve them instead could pull a different multi-GB build.
 .venv/bin/python -m pip install --disable-pip-version-check -q "torch==2.14.1" "torchvision==0.29.1"
 .venv/bin/python -m pip install --disable-pip-version-check -q -e ".[dev]"
+# timm's own model tests (tests/test_timm_suite.py runs them on our models): its sdist holds them, its wheel does not.
+# Fetched for exactly the installed timm version into .timm_tests/; a failure is reported, not fatal.
+.venv/bin/python scripts/fetch_timm_tests.py || echo "setup: continuing without timm's test files (tests/test_timm_suite.py will skip)"
 .venv/bin/python -c "import torch, timm, wtconvnext; print(f'setup: torch {torch.__version__}, timm {timm.__version__}, wtconvnext {wtconvnext.__version__}')"

@@ -8,6 +8,7 @@ the smaller variants', only dims differ.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from pathlib import Path
@@ -444,3 +445,120 @@ def test_constructor_options() -> None:
         WTConvNeXt(norm_layer="batchnorm")
     with pytest.raises(ValueError, match="one entry per stage"):
         WTConvNeXt(depths=(1, 1), dims=(8, 16, 32))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Head width after pruning, backends checked at creation, timm ConvNeXt's constructor keywords
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _check_pruned_head(model: nn.Module, tap_chs: int, x: Tensor) -> None:
+    model.prune_intermediate_layers([2])
+    assert model.num_features == model.head_hidden_size == tap_chs
+    # The pruned head pools nothing (as timm's ConvNeXt); a new classifier there takes the stage-2 width: a 1x1 conv
+    # over the map in the pool -> norm -> fc head (timm's ClassifierHead, head_norm_first, cannot classify unpooled).
+    model.reset_classifier(7)
+    fc = model.get_classifier()
+    assert (fc.in_features if isinstance(fc, nn.Linear) else fc.in_channels) == tap_chs
+    assert model.head_hidden_size == tap_chs
+    if isinstance(fc, nn.Conv2d):
+        with torch.no_grad():
+            assert model(x).shape == (x.shape[0], 7, x.shape[2] // 16, x.shape[3] // 16)
+    model.reset_classifier(7, "avg")
+    assert model.get_classifier().in_features == tap_chs and model.head_hidden_size == tap_chs
+    with torch.no_grad():
+        assert model(x).shape == (x.shape[0], 7)
+        assert model.forward_head(model.forward_features(x), pre_logits=True).shape == (x.shape[0], tap_chs)
+    model.reset_classifier(0)
+    with torch.no_grad():
+        assert model(x).shape == (x.shape[0], tap_chs)
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(head_hidden_size=48), dict(head_norm_first=True)],
+                         ids=["norm_mlp_head", "hidden_head", "norm_first_head"])
+def test_head_width_after_pruning(kwargs: dict) -> None:
+    """prune_intermediate_layers([2]) then reset_classifier(7): the new classifier takes stage 2's width."""
+    x = torch.randn(2, 3, 64, 64)
+    _check_pruned_head(timm.create_model("test_wtconvnext", **kwargs).eval(), 48, x)
+
+
+def test_head_width_after_pruning_with_timm_1_0_29_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """timm 1.0.29's heads (the GPU image's) take neither reset_other nor in_features: the model does both itself."""
+    from timm.layers import ClassifierHead, NormMlpClassifierHead
+
+    for cls in (ClassifierHead, NormMlpClassifierHead):
+        new_reset = cls.reset
+
+        def old_reset(self, num_classes: int, pool_type=None, device=None, dtype=None, _new=new_reset):
+            return _new(self, num_classes, pool_type, device=device, dtype=dtype)  # no reset_other, no in_features
+
+        monkeypatch.setattr(cls, "reset", old_reset)
+    x = torch.randn(2, 3, 64, 64)
+    for kwargs in ({}, dict(head_norm_first=True)):
+        model = timm.create_model("test_wtconvnext", **kwargs).eval()
+        assert "in_features" not in inspect.signature(model.head.reset).parameters
+        _check_pruned_head(model, 48, x)
+
+
+def test_bogus_backend_fails_at_creation() -> None:
+    with pytest.raises(ValueError, match=r"wtconv_backend must be one of \('auto', 'triton', 'reference'\)"):
+        timm.create_model("test_wtconvnext", wtconv_backend="bogus")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        WTConv2d(4, 4, backend="cudnn")
+    model = timm.create_model("test_wtconvnext", wtconv_backend="Reference")  # case-insensitive, as the variable
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 1000)
+
+
+def test_every_timm_convnext_keyword_is_accepted() -> None:
+    """The README's claim: every keyword of timm's ConvNeXt constructor is one of WTConvNeXt's."""
+    theirs = set(inspect.signature(timm.models.convnext.ConvNeXt.__init__).parameters) - {"self"}
+    ours = set(inspect.signature(WTConvNeXt.__init__).parameters) - {"self"}
+    assert theirs <= ours, f"timm's ConvNeXt takes {sorted(theirs - ours)}, WTConvNeXt does not"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(conv_mlp=True),
+        dict(use_grn=True),
+        dict(use_grn=True, conv_mlp=True),
+        dict(stem_type="overlap"),
+        dict(stem_type="overlap_tiered"),
+        dict(stem_type="overlap_act"),
+        dict(patch_size=2),
+        dict(norm_layer="simplenorm"),
+        dict(norm_layer="rmsnorm2d", conv_mlp=True),
+        dict(norm_layer="batchnorm", conv_mlp=True),  # any timm norm with conv_mlp, as timm's ConvNeXt
+        dict(in_chans=1, global_pool="max", drop_rate=0.1, norm_eps=1e-5, conv_bias=False, ls_init_value=None),
+    ],
+    ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
+)
+def test_convnext_keywords_build_and_train(kwargs: dict) -> None:
+    model = timm.create_model("test_wtconvnext", num_classes=5, **kwargs).train()
+    x = torch.randn(2, kwargs.get("in_chans", 3), 64, 64)
+    out = model(x)
+    assert out.shape == (2, 5) and torch.isfinite(out).all()
+    out.sum().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing, missing
+    if "stem_type" in kwargs:
+        assert [type(m).__name__ for m in model.stem][0] == "Conv2d" and model.stem[0].stride == (2, 2)
+        assert model.feature_info[0]["reduction"] == 4
+    if kwargs.get("use_grn"):
+        assert all(hasattr(b.mlp, "grn") for s in model.stages for b in s.blocks)
+
+
+def test_conv_mlp_is_the_same_function() -> None:
+    """conv_mlp=True (NCHW, 1x1 convs) computes what the default NHWC block with Linear layers does."""
+    torch.manual_seed(0)
+    linear = timm.create_model("test_wtconvnext", ls_init_value=0.5).eval()
+    conv = timm.create_model("test_wtconvnext", ls_init_value=0.5, conv_mlp=True).eval()
+    sd = {k: v.reshape(conv.state_dict()[k].shape) for k, v in linear.state_dict().items()}
+    conv.load_state_dict(sd, strict=True)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(conv(x), linear(x), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="conv_mlp=True"):
+        timm.create_model("test_wtconvnext", norm_layer="batchnorm")
+    with pytest.raises(ValueError, match="stem_type"):
+        timm.create_model("test_wtconvnext", stem_type="conv7")

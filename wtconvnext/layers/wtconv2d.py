@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import Tensor, nn
 
-from ..ops import check_layer_args, wtconv2d, wtconv2d_reference
+from ..ops import BACKENDS, check_layer_args, wtconv2d, wtconv2d_reference
 
 __all__ = ["WTConv2d", "remap_reference_state_dict", "REFERENCE_ONLY_KEYS"]
 
@@ -124,6 +124,8 @@ class WTConv2d(nn.Module):
     ) -> None:
         super().__init__()
         check_layer_args(in_channels, out_channels, kernel_size, stride, wt_levels, wt_type)
+        if backend is not None and (not isinstance(backend, str) or backend.lower() not in BACKENDS):
+            raise ValueError(f"WTConv2d backend must be one of {BACKENDS} or None, got {backend!r}")
         fk = dict(device=device, dtype=dtype)
         self.in_channels = self.out_channels = in_channels
         self.kernel_size = kernel_size

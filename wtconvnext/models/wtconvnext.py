@@ -11,8 +11,6 @@ except inside ``conv_dw``, which uses :class:`~wtconvnext.layers.WTConv2d`'s nat
 :func:`checkpoint_filter_fn` maps reference, fused-backend and folded checkpoints onto them.
 """
 
-from __future__ import annotations
-
 import inspect
 from functools import partial
 from typing import Any, Callable, Mapping, Optional, Union
@@ -24,14 +22,20 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import (
     ClassifierHead,
     DropPath,
+    GlobalResponseNormMlp,
     LayerNorm,
     LayerNorm2d,
     Mlp,
     NormMlpClassifierHead,
     RmsNorm,
     RmsNorm2d,
+    SimpleNorm,
+    SimpleNorm2d,
     create_conv2d,
     get_act_layer,
+    get_device_dtype,
+    get_norm_layer,
+    make_divisible,
     to_ntuple,
     trunc_normal_,
 )
@@ -46,6 +50,7 @@ from timm.models import (
 from timm.models._features import feature_take_indices
 
 from ..layers import REFERENCE_ONLY_KEYS, WTConv2d, remap_reference_state_dict
+from ..ops import BACKENDS
 
 # torch.fx cannot trace the layer's shape-dependent padding nor the fused op's launch logic: keep it a leaf, so timm's
 # FX feature extraction (features_only=True, feature_cls="fx") and torchvision's create_feature_extractor work.
@@ -53,27 +58,61 @@ register_notrace_module(WTConv2d)
 
 __all__ = ["WTConvNeXt", "WTConvNeXtBlock", "WTConvNeXtStage", "checkpoint_filter_fn", "unwrap_checkpoint"]
 
-# (channels-first norm for stem / downsample / head, channels-last norm for the blocks)
+# timm ConvNeXt's norm names: (channels-first norm for stem / downsample / head, channels-last norm for the blocks)
 _NORM_LAYERS: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {
     "layernorm": (LayerNorm2d, LayerNorm),
+    "layernorm2d": (LayerNorm2d, LayerNorm),
+    "simplenorm": (SimpleNorm2d, SimpleNorm),
+    "simplenorm2d": (SimpleNorm2d, SimpleNorm),
     "rmsnorm": (RmsNorm2d, RmsNorm),
+    "rmsnorm2d": (RmsNorm2d, RmsNorm),
 }
+STEM_TYPES = ("patch", "overlap", "overlap_tiered", "overlap_act")
+
+
+def _get_norm_layers(
+    norm_layer: Union[str, Callable, None], conv_mlp: bool, norm_eps: Optional[float]
+) -> tuple[Callable, Callable]:
+    """(channels-first norm, block norm) as timm's ConvNeXt picks them: a name from ``_NORM_LAYERS`` works with
+    either MLP; any other norm (a callable or another timm name) takes channels-first input, so it needs conv_mlp."""
+    norm_layer = norm_layer or "layernorm"
+    if isinstance(norm_layer, str) and norm_layer in _NORM_LAYERS:
+        norm_2d, norm_cl = _NORM_LAYERS[norm_layer]
+        norm_block = norm_2d if conv_mlp else norm_cl
+    else:
+        if not conv_mlp:
+            raise ValueError(
+                f"norm_layer must be one of {sorted(_NORM_LAYERS)}, or any norm with conv_mlp=True (the blocks then "
+                f"normalise channels-first input), got {norm_layer!r}"
+            )
+        norm_2d = norm_block = get_norm_layer(norm_layer)
+    if norm_eps is not None:
+        norm_2d, norm_block = partial(norm_2d, eps=norm_eps), partial(norm_block, eps=norm_eps)
+    return norm_2d, norm_block
+
+
+def _check_backend(backend: Optional[str]) -> None:
+    if backend is not None and (not isinstance(backend, str) or backend.lower() not in BACKENDS):
+        raise ValueError(f"wtconv_backend must be one of {BACKENDS} or None, got {backend!r}")
 
 
 class WTConvNeXtBlock(nn.Module):
     """ConvNeXt block with a WTConv as its depthwise conv.
 
-    WTConv2d -> NHWC -> norm -> Linear(mlp_ratio x) -> act -> Linear -> layer scale ``gamma`` -> drop path -> +x.
+    WTConv2d -> NHWC -> norm -> Linear(mlp_ratio x) -> act -> Linear -> layer scale ``gamma`` -> drop path -> +x,
+    or with ``conv_mlp`` the same in NCHW with 1x1 convs (timm's ConvNeXtBlock, both forms).
 
     Args:
         dim: channels.
         kernel_size: odd kernel size of every depthwise conv inside the WTConv.
         wt_levels: Haar levels of the WTConv.
         mlp_ratio: hidden width of the MLP relative to ``dim``.
+        conv_mlp: NCHW block: channels-first norm and 1x1-conv MLP instead of NHWC with Linear layers.
         conv_bias: whether the WTConv's base conv has a bias.
+        use_grn: Global Response Norm in the MLP (ConvNeXt-V2).
         ls_init_value: initial layer scale; None disables it.
         act_layer: MLP activation.
-        norm_layer: channels-last norm layer.
+        norm_layer: the block's norm (channels-last, or channels-first with ``conv_mlp``); None: LayerNorm.
         drop_path: stochastic depth probability.
         wtconv_backend: ``'auto'``, ``'triton'``, ``'reference'`` or None (read ``WTCONVNEXT_BACKEND``).
     """
@@ -84,10 +123,12 @@ class WTConvNeXtBlock(nn.Module):
         kernel_size: int = 5,
         wt_levels: int = 1,
         mlp_ratio: float = 4.0,
+        conv_mlp: bool = False,
         conv_bias: bool = True,
+        use_grn: bool = False,
         ls_init_value: Optional[float] = 1e-6,
         act_layer: Union[str, Callable] = "gelu",
-        norm_layer: Callable = LayerNorm,
+        norm_layer: Optional[Callable] = None,
         drop_path: float = 0.0,
         wtconv_backend: Optional[str] = None,
         device: Any = None,
@@ -98,18 +139,27 @@ class WTConvNeXtBlock(nn.Module):
         self.conv_dw = WTConv2d(
             dim, dim, kernel_size=kernel_size, bias=conv_bias, wt_levels=wt_levels, backend=wtconv_backend, **dd
         )
+        if norm_layer is None:
+            norm_layer = LayerNorm2d if conv_mlp else LayerNorm
+        mlp_layer = GlobalResponseNormMlp if use_grn else Mlp
+        self.use_conv_mlp = conv_mlp
         self.norm = norm_layer(dim, **dd)
-        self.mlp = Mlp(dim, int(mlp_ratio * dim), act_layer=get_act_layer(act_layer), **dd)
+        self.mlp = mlp_layer(dim, int(mlp_ratio * dim), act_layer=get_act_layer(act_layer), use_conv=conv_mlp, **dd)
         self.gamma = nn.Parameter(torch.full((dim,), ls_init_value, **dd)) if ls_init_value is not None else None
         self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
         shortcut = x
-        x = self.conv_dw(x).permute(0, 2, 3, 1)
-        x = self.mlp(self.norm(x))
-        if self.gamma is not None:
-            x = x * self.gamma  # NHWC: broadcasts over the channel (last) dim
-        x = x.permute(0, 3, 1, 2)
+        x = self.conv_dw(x)
+        if self.use_conv_mlp:
+            x = self.mlp(self.norm(x))
+            if self.gamma is not None:
+                x = x * self.gamma.reshape(1, -1, 1, 1)
+        else:
+            x = self.mlp(self.norm(x.permute(0, 2, 3, 1)))
+            if self.gamma is not None:
+                x = x * self.gamma  # NHWC: broadcasts over the channel (last) dim
+            x = x.permute(0, 3, 1, 2)
         return self.drop_path(x) + shortcut
 
 
@@ -123,7 +173,7 @@ class WTConvNeXtStage(nn.Module):
         depth: number of blocks.
         drop_path_rates: per-block stochastic depth probabilities.
         norm_layer: channels-first norm of the downsample.
-        norm_layer_cl: channels-last norm of the blocks.
+        norm_layer_cl: norm of the blocks (channels-last, or channels-first with ``conv_mlp``).
         conv_bias: bias on the downsample conv and the WTConvs.
         **block_kwargs: passed to every :class:`WTConvNeXtBlock`.
     """
@@ -186,14 +236,20 @@ class WTConvNeXt(nn.Module):
         kernel_sizes: WTConv kernel size, one for all stages or one per stage (odd).
         wt_levels: WTConv Haar levels, one for all stages or one per stage.
         ls_init_value: layer scale init; None disables layer scale.
-        patch_size: stem patch size (stride of the stem conv).
+        stem_type: ``'patch'`` (a patch_size x patch_size conv of stride patch_size), or two stride-2 3x3 convs:
+            ``'overlap'``, ``'overlap_tiered'`` (half the width in between), ``'overlap_act'`` (an activation in
+            between), as timm's ConvNeXt.
+        patch_size: stem patch size (stride of the patch stem).
         head_init_scale: factor on the initial classifier weights and biases.
         head_norm_first: norm -> pool -> fc head (``norm_pre`` + ClassifierHead) instead of pool -> norm -> fc.
         head_hidden_size: hidden width of an MLP pre-logits layer in the head (pool -> norm -> fc only).
         mlp_ratio: hidden width of the block MLPs relative to the stage width.
+        conv_mlp: NCHW blocks with 1x1-conv MLPs instead of NHWC blocks with Linear layers (same function).
         conv_bias: biases on the stem, downsample convs and the WTConvs' base convs.
+        use_grn: Global Response Norm in the block MLPs (ConvNeXt-V2).
         act_layer: block MLP activation.
-        norm_layer: ``'layernorm'`` or ``'rmsnorm'``.
+        norm_layer: ``'layernorm'``, ``'simplenorm'`` or ``'rmsnorm'`` (``'...2d'`` aliases too); with ``conv_mlp``
+            also any timm norm name or norm layer class, as timm's ConvNeXt.
         norm_eps: norm epsilon; None keeps the norm's default (1e-6 for timm's LayerNorm).
         drop_rate: dropout before the classifier.
         drop_path_rate: stochastic depth, increasing linearly over the blocks to this value.
@@ -214,14 +270,17 @@ class WTConvNeXt(nn.Module):
         kernel_sizes: Union[int, tuple[int, ...]] = 5,
         wt_levels: Union[int, tuple[int, ...]] = (5, 4, 3, 2),
         ls_init_value: Optional[float] = 1e-6,
+        stem_type: str = "patch",
         patch_size: int = 4,
         head_init_scale: float = 1.0,
         head_norm_first: bool = False,
         head_hidden_size: Optional[int] = None,
         mlp_ratio: float = 4.0,
+        conv_mlp: bool = False,
         conv_bias: bool = True,
+        use_grn: bool = False,
         act_layer: Union[str, Callable] = "gelu",
-        norm_layer: str = "layernorm",
+        norm_layer: Union[str, Callable, None] = "layernorm",
         norm_eps: Optional[float] = None,
         drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
@@ -235,30 +294,40 @@ class WTConvNeXt(nn.Module):
             raise ValueError(f"output_stride must be 8, 16 or 32, got {output_stride}")
         if len(depths) != len(dims):
             raise ValueError(f"depths and dims need one entry per stage, got {len(depths)} and {len(dims)}")
-        if norm_layer not in _NORM_LAYERS:
-            raise ValueError(f"norm_layer must be one of {sorted(_NORM_LAYERS)}, got {norm_layer!r}")
+        if stem_type not in STEM_TYPES:
+            raise ValueError(f"stem_type must be one of {STEM_TYPES}, got {stem_type!r}")
+        _check_backend(wtconv_backend)
         num_stages = len(depths)
         kernel_sizes = to_ntuple(num_stages)(kernel_sizes)
         wt_levels = to_ntuple(num_stages)(wt_levels)
-        norm_2d, norm_cl = _NORM_LAYERS[norm_layer]
-        if norm_eps is not None:
-            norm_2d, norm_cl = partial(norm_2d, eps=norm_eps), partial(norm_cl, eps=norm_eps)
+        norm_2d, norm_cl = _get_norm_layers(norm_layer, conv_mlp, norm_eps)
 
         self.num_classes = num_classes
         self.in_chans = in_chans
         self.drop_rate = drop_rate
-        self.feature_info: list[dict[str, Any]] = []
+        self.feature_info = []
 
-        self.stem = nn.Sequential(
-            nn.Conv2d(in_chans, dims[0], kernel_size=patch_size, stride=patch_size, bias=conv_bias, **dd),
-            norm_2d(dims[0], **dd),
-        )
+        if stem_type == "patch":
+            self.stem = nn.Sequential(
+                nn.Conv2d(in_chans, dims[0], kernel_size=patch_size, stride=patch_size, bias=conv_bias, **dd),
+                norm_2d(dims[0], **dd),
+            )
+            stem_stride = patch_size
+        else:
+            mid_chs = make_divisible(dims[0] // 2) if "tiered" in stem_type else dims[0]
+            self.stem = nn.Sequential(*filter(None, [
+                nn.Conv2d(in_chans, mid_chs, kernel_size=3, stride=2, padding=1, bias=conv_bias, **dd),
+                get_act_layer(act_layer)() if "act" in stem_type else None,
+                nn.Conv2d(mid_chs, dims[0], kernel_size=3, stride=2, padding=1, bias=conv_bias, **dd),
+                norm_2d(dims[0], **dd),
+            ]))
+            stem_stride = 4
         # Stochastic depth grows linearly over all blocks, split per stage (as timm's ConvNeXt).
         dp_rates = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").split(list(depths))
         stages = []
-        prev_chs, curr_stride = dims[0], patch_size
+        prev_chs, curr_stride = dims[0], stem_stride
         for i in range(num_stages):
-            stride = 2 if i > 0 else 1
+            stride = 2 if curr_stride == 2 or i > 0 else 1  # a stride-2 stem leaves the first downsample to stage 0
             if curr_stride * stride > output_stride:
                 stride = 1
             curr_stride *= stride
@@ -274,6 +343,8 @@ class WTConvNeXt(nn.Module):
                 kernel_size=kernel_sizes[i],
                 wt_levels=wt_levels[i],
                 mlp_ratio=mlp_ratio,
+                conv_mlp=conv_mlp,
+                use_grn=use_grn,
                 ls_init_value=ls_init_value,
                 act_layer=act_layer,
                 wtconv_backend=wtconv_backend,
@@ -335,25 +406,38 @@ class WTConvNeXt(nn.Module):
         return self.head.fc
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None, reset_other: bool = False) -> None:
-        """Replace the classifier.
+        """Replace the classifier, sized for the current features (``num_features``, which pruning changes).
 
         Args:
             num_classes: new number of classes (0: no classifier, the head returns pooled features).
             global_pool: new pooling type, None keeps the current one.
             reset_other: also drop the head's norm and pre-logits layers.
         """
+        dd = get_device_dtype(self)
         self.num_classes = num_classes
-        if "reset_other" in inspect.signature(self.head.reset).parameters:
-            self.head.reset(num_classes, global_pool, reset_other=reset_other)
-        else:
-            # timm <= 1.0.29 (the GPU image's): NormMlpClassifierHead.reset cannot drop its norm / pre-logits.
-            if reset_other and isinstance(self.head, NormMlpClassifierHead):
-                self.head.norm = nn.Identity()
-                self.head.pre_logits = nn.Identity()
-                self.head.hidden_size = None
-                self.head.num_features = self.head.in_features
-            self.head.reset(num_classes, global_pool)
-        self.head_hidden_size = getattr(self.head, "num_features", self.num_features)
+        head, params = self.head, inspect.signature(self.head.reset).parameters
+        kwargs: dict[str, Any] = dict(dd)
+        # timm's heads learnt reset_other and in_features over 1.0.x (1.0.29, the GPU image's, has neither): pass
+        # them where the head takes them, else do what newer timm does, before the head builds its new classifier.
+        if "reset_other" in params:
+            kwargs["reset_other"] = reset_other
+        elif reset_other and isinstance(head, NormMlpClassifierHead):
+            head.norm = nn.Identity().train(head.training)
+            head.pre_logits = nn.Identity().train(head.training)
+            head.hidden_size = None
+            head.num_features = head.in_features
+        if "in_features" in params:
+            kwargs["in_features"] = self.num_features
+        elif self.num_features != head.in_features:
+            if isinstance(head, NormMlpClassifierHead):
+                if not isinstance(head.norm, nn.Identity):
+                    raise ValueError("the head's input width can only change with its norm removed (reset_other)")
+                if not head.hidden_size:
+                    head.num_features = self.num_features
+            head.in_features = self.num_features
+        head.reset(num_classes, global_pool, **kwargs)
+        # timm <= 1.0.29's ClassifierHead (head_norm_first) has no num_features: its features are its input's.
+        self.head_hidden_size = getattr(head, "num_features", self.num_features)
 
     def forward_intermediates(
         self,
