@@ -586,9 +586,9 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 # Launch shapes: fixed, not autotuned (the weight-gradient partials, hence the bits, must not depend on timing).
 # Override with ``TUNING.update(...)`` or ``WTCONVNEXT_TUNING=<file.json>``. From the H200 sweep of the
-# explicit-column kernels (results/h200/ncu_rows.txt, depthwise 5x5 at the stage-1 shape, bf16): forward 4 columns x
-# 32 channels, one warp (0.123 ms vs cuDNN's 0.141); weight gradient 7 columns x 64 channels, two warps, 4 images
-# per program (0.174 ms vs 0.149).
+# explicit-column kernels (results/h200/s13/ncu_rows.txt, depthwise 5x5 at the stage-1 shape, bf16): forward
+# 4 columns x 32 channels, one warp (0.123 ms vs cuDNN's 0.141); weight gradient 7 columns x 64 channels, two
+# warps, 4 images per program (0.174 ms vs 0.149).
 TUNING: dict[str, int] = {
     "conv_bw": 4, "conv_bc": 32, "conv_warps": 1,
     "wgrad_bw": 7, "wgrad_bc": 64, "wgrad_warps": 2, "wgrad_imgs": 4,
