@@ -2,8 +2,8 @@
 
     python benchmarks/tune_tiles.py [--out results/tune.json] [--best-out tuned.json] [--dtypes bf16 fp32]
 
-Times the forward (analysis, level and base convolutions, synthesis) and the weight-gradient kernels separately at each WTConvNeXt-T stage
-shape for every configuration, prints the best per shape, and writes to ``--best-out`` the configuration with the
+Times the forward (analysis, level and base convolutions, synthesis) and the weight-gradient kernels separately
+at each WTConvNeXt-T stage shape for every configuration, prints the best per shape, and writes to ``--best-out`` the configuration with the
 least total time over the shapes (forward and weight-gradient chosen independently; with ``--mem-slack F``, the
 least peak memory among those within F of the fastest). Use it with
 ``WTCONVNEXT_TUNING=<best-out>`` or copy it into ``TUNING`` in ``wtconvnext/ops/triton_kernels.py``; fixed shapes
