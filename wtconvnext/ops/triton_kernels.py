@@ -720,12 +720,19 @@ def _chunks(levels: int) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def _patches(hf: int, wf: int, nl: int) -> tuple[int, int, int]:
+@functools.cache
+def _level_programs(h: int, w: int, levels: int, bw: int, groups: int) -> int:
+    """Programs of a launch over every level (see the kernels' _level_of): groups x strips of bw columns each."""
+    return sum(groups * _cdiv(wc, bw) for _, wc in level_sizes(h, w, levels)[1:])
+
+
+@functools.cache
+def _patches(hf: int, wf: int, nl: int, chunk: int) -> tuple[int, int, int]:
     """(M, patches along w, patches) over a first-level map of hf x wf: a patch is 2^(nl-1) x M*2^(nl-1)
-    positions there, M widening small patches to at least ``patch_chunk`` positions (not past the map)."""
+    positions there, M widening small patches to at least ``chunk`` positions (not past the map)."""
     side = 1 << (nl - 1)
     m = 1
-    while side * side * m < TUNING["patch_chunk"] and side * m < wf:
+    while side * side * m < chunk and side * m < wf:
         m *= 2
     pw = _cdiv(wf, side * m)
     return m, pw, _cdiv(hf, side) * pw
@@ -753,7 +760,7 @@ def coefficients(x: Tensor, levels: int) -> Tensor:
     bc = _block_c(ch, TUNING["patch_bc"])
     src, pix = x, ch
     for first, nl in _chunks(levels):
-        m, pw, patches = _patches(*sizes[first], nl)
+        m, pw, patches = _patches(*sizes[first], nl, TUNING["patch_chunk"])
         _launch(
             _analysis_kernel, (bsz * patches, _cdiv(ch, bc)),
             (src, buf[offs[first - 1]:], sizes[first - 1][0], sizes[first - 1][1], bsz, pw, patches),
@@ -814,7 +821,7 @@ def wtconv_forward(
         offs = _offsets(bsz, ch, h, w, levels)
         filt = torch.empty_like(coef)
         bc = _block_c(4 * ch, TUNING["conv_bc"])
-        programs = sum(bsz * _cdiv(wc, bw) for _, wc in sizes[1:])
+        programs = _level_programs(h, w, levels, bw, bsz)
         _launch(
             _conv_kernel, (programs, _cdiv(4 * ch, bc)), (coef, coef, filt, level_w, level_w, h, w, bsz), warps,
             CC=4 * ch, K=k, LEVELS=levels, BW=bw, BC=bc, STRIDE=1, HAS_ACC=False, HAS_BIAS=False, FLIP=flip,
@@ -822,7 +829,7 @@ def wtconv_forward(
         )
         pbc = _block_c(ch, TUNING["patch_bc"])
         for first, nl in reversed(_chunks(levels)):  # coarse to fine
-            m, pw, patches = _patches(*sizes[first], nl)
+            m, pw, patches = _patches(*sizes[first], nl, TUNING["patch_chunk"])
             _launch(
                 _synthesis_kernel, (bsz * patches, _cdiv(ch, pbc)),
                 (filt[offs[first - 1]:], coef[offs[first - 1]:], sizes[first - 1][0], sizes[first - 1][1], bsz, pw,
@@ -860,7 +867,7 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     )
     if not levels:
         return base, base
-    rows = sum(groups * _cdiv(wc, bw) for _, wc in level_sizes(h, w, levels)[1:])
+    rows = _level_programs(h, w, levels, bw, groups)
     lev = torch.empty((rows, tp, 4 * ch), device=x.device, dtype=acc)
     bc = _block_c(4 * ch, TUNING["wgrad_bc"])
     _launch(
