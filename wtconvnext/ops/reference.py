@@ -46,6 +46,8 @@ def _at_least(n: int, low: int) -> int:
     else:
         if isinstance(n, Tensor):
             return n.clamp(min=low)
+        if isinstance(n, int):  # a plain int (torch 2.11's dynamo breaks the graph on sym_max of two ints)
+            return max(n, low)
         return torch.sym_max(n, low)
 
 
@@ -64,8 +66,9 @@ def _crop(y: Tensor, size: Tuple[int, int]) -> Tensor:
         if torch.jit.is_tracing():
             return y[:, :, :h, :w]  # the legacy ONNX exporter records slicing with traced bounds
         # A new tensor of exactly (h, w): later ops would test a view's contiguity, which depends on the parity of
-        # the size and would pin it under torch.export.
-        return y.narrow_copy(2, 0, h).narrow_copy(3, 0, w)
+        # the size and would pin it under torch.export. A negative pad crops into a new tensor (narrow_copy has no
+        # derivative in torch 2.11; a clone of a narrowed view adds size guards under torch.export).
+        return F.pad(y, (0, w - y.shape[3], 0, h - y.shape[2]))
 
 
 def haar_analysis(x: Tensor, size: Optional[Tuple[int, int]] = None) -> Tensor:
