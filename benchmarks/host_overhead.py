@@ -8,8 +8,9 @@ At B=1 every kernel finishes in microseconds, so the wall time of an iteration i
 allocations and autograd, and the kernel launches. For each WTConvNeXt-T stage shape (channels_last, bf16) it
 times forward + backward of the fused WTConv with every launch through ``kernel[grid](...)`` ("triton") and through
 the compiled kernels kept after their first launch ("kept", the default; ``_launch`` in
-``wtconvnext/ops/triton_kernels.py``), in alternating rounds so that drifts of the host hit both alike, and cuDNN's
-depthwise 7x7 for scale. Prints the median per iteration and writes JSON.
+``wtconvnext/ops/triton_kernels.py``; ``host_us``, the default path), and compiled with static sizes (Inductor's
+code launches the kernels), in alternating rounds so that drifts of the host hit all alike, with cuDNN's depthwise
+7x7, eager and compiled, for scale. Prints the median per iteration and writes JSON.
 """
 
 from __future__ import annotations
@@ -54,28 +55,45 @@ def main(argv=None) -> int:
         def dw7():
             torch.autograd.grad(F.conv2d(x, w7, padding=3, groups=c), [x, w7], dy)
 
+        # Compiled (static sizes): Inductor's code launches the kernels (the triton_op path), no CUDA graphs.
+        wt_graph = torch.compile(lambda *a: wtconv2d(*a), fullgraph=True, dynamic=False)
+        dw7_graph = torch.compile(lambda a, b: F.conv2d(a, b, padding=3, groups=c), fullgraph=True, dynamic=False)
+
+        def wt_compiled():
+            torch.autograd.grad(wt_graph(x, *ps), [x, *ps], dy)
+
+        def dw7_compiled():
+            torch.autograd.grad(dw7_graph(x, w7), [x, w7], dy)
+
         fast_default = tk._FAST_LAUNCH
-        times: dict[str, list[float]] = {"triton": [], "kept": [], "dw7": []}
+        times: dict[str, list[float]] = {"triton": [], "kept": [], "dw7": [], "compiled": [], "dw7_compiled": []}
         try:
             for mode in ("triton", "kept"):  # compile / fill the caches outside the timing
                 tk._FAST_LAUNCH = mode == "kept"
                 wt()
                 wt()
-            dw7()
+            compiled = {"dw7": dw7, "compiled": wt_compiled, "dw7_compiled": dw7_compiled}
+            for fn in compiled.values():
+                fn()
+                fn()
             for _ in range(args.rounds):
                 for mode in ("triton", "kept"):
                     tk._FAST_LAUNCH = mode == "kept"
                     times[mode].append(wall_us(wt, args.iters))
-                times["dw7"].append(wall_us(dw7, args.iters))
+                for name, fn in compiled.items():
+                    times[name].append(wall_us(fn, args.iters))
         finally:
             tk._FAST_LAUNCH = fast_default
         med = {k: statistics.median(v) for k, v in times.items()}
         rows.append(dict(C=c, H=h, W=w, levels=levels, dtype="bf16", B=1, iters=args.iters, rounds=args.rounds,
                          triton_us=med["triton"], kept_us=med["kept"], dw7_us=med["dw7"],
+                         host_us=med["kept"], compiled_us=med["compiled"], dw7_compiled_us=med["dw7_compiled"],
                          samples=times))
-    hdr = f"{'C, H, L':14} {'triton launch us':>17} {'kept kernels us':>16} {'saved':>7} {'dw7 us':>8} {'kept/dw7':>9}"
+    hdr = (f"{'C, H, L':14} {'triton launch us':>17} {'kept kernels us':>16} {'saved':>7} {'dw7 us':>8} "
+           f"{'kept/dw7':>9} {'compiled us':>12} {'dw7 compiled us':>16} {'ratio':>6}")
     lines = [f"{r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['triton_us']:17.1f} {r['kept_us']:16.1f} "
-             f"{1 - r['kept_us'] / r['triton_us']:7.1%} {r['dw7_us']:8.1f} {r['kept_us'] / r['dw7_us']:9.2f}"
+             f"{1 - r['kept_us'] / r['triton_us']:7.1%} {r['dw7_us']:8.1f} {r['kept_us'] / r['dw7_us']:9.2f} "
+             f"{r['compiled_us']:12.1f} {r['dw7_compiled_us']:16.1f} {r['compiled_us'] / r['dw7_compiled_us']:6.2f}"
              for r in rows]
     report(args.out, gpu_env(), hdr, lines, rows,
            note="median wall per forward + backward, B=1 bf16 channels_last (host-bound)")

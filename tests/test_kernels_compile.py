@@ -21,11 +21,11 @@ def _cases():
 
     f32, bf16, i32, fp = "*fp32", "*bf16", "i32", tl.float32
     for nl, m in ((5, 1), (2, 4), (1, 64)):
-        yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16, H0=i32, W0=i32, B=i32, PATCHES_W=i32,
-                                        PATCHES=i32), \
+        yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16, src_off=i32, coef_off="i64", H0=i32, W0=i32,
+                                        B=i32, PATCHES_W=i32, PATCHES=i32), \
             dict(C=96, SRC_PIX=96, NL=nl, M=m, BC=32, CHUNK=64, COMPUTE=fp)
-        yield tk._synthesis_kernel, dict(t_ptr=bf16, acc_ptr=bf16, H0=i32, W0=i32, B=i32, PATCHES_W=i32,
-                                         PATCHES=i32), \
+        yield tk._synthesis_kernel, dict(t_ptr=bf16, acc_ptr=bf16, first_off="i64", H0=i32, W0=i32, B=i32,
+                                         PATCHES_W=i32, PATCHES=i32), \
             dict(C=96, NL=nl, M=m, HAS_ACC=nl == 2, BC=32, CHUNK=64, COMPUTE=fp)
     conv = dict(x_ptr=bf16, acc_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32, H=i32, W=i32, B=i32)
     yield tk._conv_kernel, conv, dict(CC=384, K=5, LEVELS=5, BW=4, BC=32, STRIDE=1, HAS_ACC=False, HAS_BIAS=False,
@@ -38,10 +38,10 @@ def _cases():
     yield tk._wgrad_kernel, wg, dict(CC=384, K=5, TP=32, LEVELS=4, BW=7, BC=64, DSUM=False, COMPUTE=fp)
     # Triton specialises an int argument equal to 1 as a constant: every kernel must compile with them all 1.
     one = dict(H0=1, W0=1, B=1, PATCHES_W=1, PATCHES=1)
-    yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16), \
+    yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16, src_off=i32, coef_off=i32), \
         dict(**one, C=96, SRC_PIX=96, NL=2, M=1, BC=32, CHUNK=64, COMPUTE=fp)
     yield tk._synthesis_kernel, dict(t_ptr=bf16, acc_ptr=bf16), \
-        dict(**one, C=96, NL=2, M=1, HAS_ACC=True, BC=32, CHUNK=64, COMPUTE=fp)
+        dict(**one, first_off=1, C=96, NL=2, M=1, HAS_ACC=True, BC=32, CHUNK=64, COMPUTE=fp)
     for levels in (0, 2):
         yield tk._conv_kernel, dict(x_ptr=bf16, acc_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32), \
             dict(H=1, W=1, B=1, CC=96, K=5, LEVELS=levels, BW=4, BC=32, STRIDE=1, HAS_ACC=True, HAS_BIAS=True,

@@ -247,6 +247,25 @@ def test_opcheck_and_compile():
         torch.testing.assert_close(a.grad, b)
 
 
+def test_traced_op_runs_the_same_kernels():
+    """The triton_op pair that compiled code on a GPU uses, run eagerly: bitwise the result of the eager path."""
+    from wtconvnext.ops import wtconv_triton
+
+    if not wtconv_triton.TRITON_OP:
+        pytest.skip("this torch has no torch.library.triton_op")
+    c, k, levels = 3, 5, 2
+    params = _params(c, k, levels, True, torch.float32)
+    x = torch.randn(2, c, 11, 7, device=DEVICE)
+    assert wtconv_triton.traced_op_applies(x) == x.is_cuda
+    eager, dy = _run(x, params, 1, "triton")
+    xt = x.clone().requires_grad_()
+    ps = [p.clone().requires_grad_() for p in params]
+    y = torch.ops.wtconvnext.wtconv2d_traced(xt, *ps, 1)
+    (y * dy).sum().backward()
+    for name, a, b in zip(NAMES, [y, xt.grad, *[p.grad for p in ps]], eager):
+        assert torch.equal(a, b), name
+
+
 def test_export_keeps_the_op():
     """torch.export records the fused WTConv as one wtconvnext::wtconv2d node (not the eager autograd.Function)."""
     layer = WTConv2d(2, 2, 3, wt_levels=2, backend="triton").to(DEVICE)

@@ -210,3 +210,76 @@ def test_fast_launch_matches_triton_launch(monkeypatch):
     assert len(tk._COMPILED) >= 5  # fold, pyramid, level, weight-gradient, chain-rule kernels
     for a, b_ in zip(slow, fast):
         assert torch.equal(a, b_)
+
+
+def _layer_and_input(b=4, c=96, h=29, w=31, levels=4, dtype=torch.float32):
+    from wtconvnext.layers import WTConv2d
+
+    torch.manual_seed(0)
+    layer = WTConv2d(c, c, kernel_size=5, wt_levels=levels).cuda()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0.0, 0.2)
+    x = torch.randn(b, c, h, w, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
+    return layer, x
+
+
+def _grads_of(fn, layer, x):
+    x = x.detach().requires_grad_()
+    y = fn(x)
+    grads = torch.autograd.grad(y.square().sum(), [x, *layer.parameters()])
+    return [y.detach(), *grads]
+
+
+def test_compiled_static_shapes_launch_kernels_from_inductor_code():
+    """Static sizes: the triton_op path, whose kernels Inductor's own code launches (no custom-op call), with the
+    eager results."""
+    from torch._inductor.utils import run_and_get_code
+
+    from wtconvnext.ops.wtconv_triton import traced_op_applies
+
+    layer, x = _layer_and_input()
+    assert traced_op_applies(x)
+    eager = _grads_of(layer, layer, x)
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True, dynamic=False)
+    out, codes = run_and_get_code(lambda: _grads_of(compiled, layer, x))
+    code = "\n".join(codes)
+    for kernel in ("_analysis_kernel", "_conv_kernel", "_synthesis_kernel", "_wgrad_kernel", "_param_grads_kernel",
+                   "_fold_kernel"):
+        assert kernel in code, kernel
+    assert "torch.ops.wtconvnext" not in code  # no custom-op call left in the generated code
+    for a, b_ in zip(out, eager):
+        assert _rel(a, b_) < 1e-6
+
+
+def test_compiled_dynamic_shapes_keep_the_custom_op():
+    """Dynamic sizes keep the opaque custom op (sizes symbolic): one graph for three input sizes."""
+    from torch._dynamo.testing import CompileCounter
+
+    layer, _ = _layer_and_input()
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True, backend=counter)
+    for b, h, w in ((2, 29, 31), (3, 40, 24), (1, 17, 56)):
+        x = torch.randn(b, 96, h, w, device="cuda").contiguous(memory_format=torch.channels_last)
+        for a, b_ in zip(_grads_of(compiled, layer, x), _grads_of(layer, layer, x)):
+            assert _rel(a, b_) < 1e-6
+    assert counter.frame_count == 1
+
+
+def test_compiled_cuda_graphs_capture_the_traced_op():
+    """mode='reduce-overhead': CUDA graphs capture forward and backward (no skip), results as eager."""
+    from torch._dynamo.utils import counters
+
+    layer, x = _layer_and_input(dtype=torch.bfloat16)
+    layer = layer.to(torch.bfloat16)
+    eager = _grads_of(layer, layer, x)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(layer, fullgraph=True, dynamic=False, mode="reduce-overhead")
+    for _ in range(3):  # warm-up, record, replay
+        out = [t.clone() for t in _grads_of(compiled, layer, x)]
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+    for a, b_ in zip(out, eager):
+        assert _rel(a, b_) < 1e-2

@@ -28,11 +28,13 @@ for fp64 inputs); stored values take the output tensor's dtype. Offsets that can
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import threading
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 import triton
@@ -324,13 +326,17 @@ def _patch_of(PATCHES, PATCHES_W, C: tl.constexpr, BC: tl.constexpr):
 @triton.jit
 def _analysis_kernel(
     src_ptr,  # (B, H0, W0, *) the map the first level analyses: x (pixel stride C), or a level's coefficients (4C)
-    coef_ptr,  # flat coefficient buffer at the first level this launch writes: (B, h_i, w_i, 4, C) per level
+    coef_ptr,  # flat coefficient buffer: (B, h_i, w_i, 4, C) per level
+    src_off, coef_off,  # element offsets of the source map and of the first level this launch writes
     H0, W0, B, PATCHES_W, PATCHES,
     C: tl.constexpr, SRC_PIX: tl.constexpr, NL: tl.constexpr, M: tl.constexpr, BC: tl.constexpr,
     CHUNK: tl.constexpr, COMPUTE: tl.constexpr,
 ):
     """NL levels of a 2^NL x M*2^NL patch of the source: each level from the low-pass this program just wrote."""
     b, py, px, cc, cmask = _patch_of(PATCHES, PATCHES_W, C, BC)
+    # Offsets, not sliced views, locate the levels: torch.compile's tracing of a launch then sees whole buffers.
+    src_ptr += tl.cast(src_off, tl.int64)
+    coef_ptr += tl.cast(coef_off, tl.int64)
     hs = H0
     ws = W0
     hd = (hs + 1) // 2
@@ -389,8 +395,9 @@ def _synthesis_level(t, hc, wc, accin, dst, hf, wf, b, m0, n0, cc, cmask, HAS_AC
 
 @triton.jit
 def _synthesis_kernel(
-    t_ptr,  # flat filtered-subband buffer at this launch's finest level (laid out as the coefficients)
+    t_ptr,  # flat filtered-subband buffer (laid out as the coefficients)
     acc_ptr,  # flat buffer, same layout: level i's region gets acc_i = (B, h_{i-1}, w_{i-1}, C)
+    first_off,  # element offset of this launch's finest level in both buffers
     H0, W0, B, PATCHES_W, PATCHES,
     C: tl.constexpr, NL: tl.constexpr, M: tl.constexpr, HAS_ACC: tl.constexpr, BC: tl.constexpr,
     CHUNK: tl.constexpr, COMPUTE: tl.constexpr,
@@ -398,6 +405,8 @@ def _synthesis_kernel(
     """NL levels of synthesis, coarse to fine, over a 2^NL x M*2^NL patch of the (H0, W0) map the finest of them
     synthesises to; HAS_ACC: the level above this launch's coarsest was synthesised by an earlier launch."""
     b, py, px, cc, cmask = _patch_of(PATCHES, PATCHES_W, C, BC)
+    t_ptr += tl.cast(first_off, tl.int64)
+    acc_ptr += tl.cast(first_off, tl.int64)
     for j in tl.static_range(NL - 1, -1, -1):
         # Level j of this launch: sizes and offset from the finest one.
         hf = H0
@@ -648,10 +657,30 @@ def _device_index() -> int:
     return triton.runtime.driver.active.get_current_device()
 
 
+_TRACED = threading.local()  # .on while a torch.library.triton_op body runs (see traced_launches)
+
+
+@contextlib.contextmanager
+def traced_launches() -> Iterator[None]:
+    """Launch through ``torch.library.wrap_triton`` inside this block: the body of a ``triton_op``, which
+    ``torch.compile`` traces into its graph so that Inductor launches the kernels itself."""
+    was = getattr(_TRACED, "on", False)
+    _TRACED.on = True
+    try:
+        yield
+    finally:
+        _TRACED.on = was
+
+
 def _launch(fn, grid: tuple[int, int], args: tuple, warps: int, **consts: object) -> None:
     """``fn[grid](*args, **consts, num_warps=warps)``: runtime arguments positional (the kernel's leading
     parameters: tensors, ints or None), constexprs by name."""
     global _FAST_LAUNCH
+    if getattr(_TRACED, "on", False):
+        from torch.library import wrap_triton
+
+        wrap_triton(fn)[grid](*args, **consts, num_warps=warps)
+        return
     if not _FAST_LAUNCH:
         fn[grid](*args, **consts, num_warps=warps)
         return
@@ -758,16 +787,17 @@ def coefficients(x: Tensor, levels: int) -> Tensor:
     offs = _offsets(bsz, ch, h, w, levels)
     buf = torch.empty((offs[-1],), device=x.device, dtype=x.dtype)
     bc = _block_c(ch, TUNING["patch_bc"])
-    src, pix = x, ch
+    src, src_off, pix = x, 0, ch
     for first, nl in _chunks(levels):
         m, pw, patches = _patches(*sizes[first], nl, TUNING["patch_chunk"])
         _launch(
             _analysis_kernel, (bsz * patches, _cdiv(ch, bc)),
-            (src, buf[offs[first - 1]:], sizes[first - 1][0], sizes[first - 1][1], bsz, pw, patches),
+            (src, buf, src_off, offs[first - 1], sizes[first - 1][0], sizes[first - 1][1], bsz, pw, patches),
             TUNING["patch_warps"], C=ch, SRC_PIX=pix, NL=nl, M=m, BC=bc, CHUNK=TUNING["patch_chunk"],
             COMPUTE=_compute_dtype(x.dtype),
         )
-        src, pix = buf[offs[first + nl - 2]:], 4 * ch  # the next launch starts from this one's coarsest level
+        # The next launch starts from this one's coarsest level.
+        src, src_off, pix = buf, offs[first + nl - 2], 4 * ch
     return buf
 
 
@@ -832,8 +862,8 @@ def wtconv_forward(
             m, pw, patches = _patches(*sizes[first], nl, TUNING["patch_chunk"])
             _launch(
                 _synthesis_kernel, (bsz * patches, _cdiv(ch, pbc)),
-                (filt[offs[first - 1]:], coef[offs[first - 1]:], sizes[first - 1][0], sizes[first - 1][1], bsz, pw,
-                 patches), TUNING["patch_warps"],
+                (filt, coef, offs[first - 1], sizes[first - 1][0], sizes[first - 1][1], bsz, pw, patches),
+                TUNING["patch_warps"],
                 C=ch, NL=nl, M=m, HAS_ACC=first + nl <= levels, BC=pbc, CHUNK=TUNING["patch_chunk"], COMPUTE=compute,
             )
         acc1 = coef  # level 1's region now holds acc_1, (B, H, W, C)

@@ -1,10 +1,13 @@
 """The fused WTConv for autograd, ``torch.compile`` and autocast.
 
-Two entry points share one forward and one backward implementation:
+Three entry points share one forward and one backward implementation:
 
-- under ``torch.compile``: the ``torch.library`` custom ops ``wtconvnext::wtconv2d`` and
-  ``wtconvnext::wtconv2d_backward`` with fake (meta) kernels, so ``fullgraph=True`` traces a whole WTConvNeXt with
-  no graph break;
+- under ``torch.compile``, static sizes on a GPU: the ``torch.library.triton_op`` pair ``wtconvnext::wtconv2d_traced``
+  and ``wtconvnext::wtconv2d_traced_backward``, whose bodies the compiler traces (every launch through
+  ``wrap_triton``): Inductor's generated code launches the kernels, with no Python per layer call;
+- under ``torch.compile`` otherwise (dynamic sizes, the CPU interpreter, a torch without ``triton_op``): the opaque
+  custom ops ``wtconvnext::wtconv2d`` and ``wtconvnext::wtconv2d_backward`` with fake (meta) kernels, so
+  ``fullgraph=True`` traces a whole WTConvNeXt with no graph break and sizes stay symbolic;
 - in eager mode: a plain ``torch.autograd.Function`` that calls the same implementation directly, because the
   custom-op dispatch costs host time that small layers cannot hide (on the H200, stage-4 layers were host-bound).
 
@@ -14,6 +17,7 @@ instead of storing them.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -25,8 +29,9 @@ try:
     TRITON_AVAILABLE = True
 except ImportError:  # pragma: no cover - triton ships with the Linux torch wheels
     TRITON_AVAILABLE = False
+TRITON_OP = False
 
-__all__ = ["TRITON_AVAILABLE", "wtconv2d_triton"]
+__all__ = ["TRITON_AVAILABLE", "traced_op_applies", "wtconv2d_triton"]
 
 
 def _output_format(x: Tensor) -> torch.memory_format:
@@ -144,14 +149,62 @@ if TRITON_AVAILABLE:
         ctx.stride = stride
         ctx.has_bias = bias is not None
 
-    def _backward(ctx, dy):
-        x, weight, bias, base_scale, wavelet_weight, wavelet_scale = ctx.saved_tensors
-        dx, dw, db, dbs, dww, dws = _wtconv2d_backward_op(
-            dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, ctx.stride
-        )
-        return dx, dw, (db if ctx.has_bias else None), dbs, dww, dws, None
+    def _autograd_of(backward_op):
+        """The autograd formula of a forward op whose backward is ``backward_op``."""
 
-    _wtconv2d_op.register_autograd(_backward, setup_context=_setup_context)
+        def backward(ctx, dy):
+            x, weight, bias, base_scale, wavelet_weight, wavelet_scale = ctx.saved_tensors
+            dx, dw, db, dbs, dww, dws = backward_op(
+                dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, ctx.stride
+            )
+            return dx, dw, (db if ctx.has_bias else None), dbs, dww, dws, None
+
+        return backward
+
+    _wtconv2d_op.register_autograd(_autograd_of(_wtconv2d_backward_op), setup_context=_setup_context)
+
+    # The same two ops as triton_ops (torch >= 2.6): torch.compile traces their bodies, so Inductor's generated code
+    # launches the kernels itself (no Python per layer call; CUDA graphs capture it). Their launch parameters are
+    # plain ints taken from the sizes, so they serve static shapes; under dynamic shapes the opaque custom ops above
+    # keep H, W and the batch symbolic. WTCONVNEXT_TRITON_OP=0 (read at import) keeps every compile on those.
+    TRITON_OP = (hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
+                 and os.environ.get("WTCONVNEXT_TRITON_OP", "1") != "0")
+    if TRITON_OP:
+        from .triton_kernels import traced_launches
+
+        @torch.library.triton_op("wtconvnext::wtconv2d_traced", mutates_args=())
+        def _wtconv2d_traced_op(
+            x: Tensor,
+            weight: Tensor,
+            bias: Optional[Tensor],
+            base_scale: Tensor,
+            wavelet_weight: Tensor,
+            wavelet_scale: Tensor,
+            stride: int,
+        ) -> Tensor:
+            with traced_launches():
+                return _forward_impl(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)[0]
+
+        @torch.library.triton_op("wtconvnext::wtconv2d_traced_backward", mutates_args=())
+        def _wtconv2d_traced_backward_op(
+            dy: Tensor,
+            x: Tensor,
+            weight: Tensor,
+            bias: Optional[Tensor],
+            base_scale: Tensor,
+            wavelet_weight: Tensor,
+            wavelet_scale: Tensor,
+            stride: int,
+        ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+            with traced_launches():
+                base_w, _, level_w = folded_weights(weight, None, base_scale, wavelet_weight, wavelet_scale)
+                return _backward_impl(
+                    dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, base_w, level_w
+                )
+
+        _wtconv2d_traced_op.register_autograd(
+            _autograd_of(_wtconv2d_traced_backward_op), setup_context=_setup_context
+        )
 
     class _WTConvFunction(torch.autograd.Function):
         """Eager-mode autograd: the same implementation as the custom ops, without their dispatch."""
@@ -175,6 +228,15 @@ if TRITON_AVAILABLE:
                 ctx.round_to,
             )
             return dx, dw, (db if bias is not None else None), dbs, dww, dws, None, None
+
+
+def traced_op_applies(x: Tensor) -> bool:
+    """Whether a compiled WTConv of ``x`` takes the ``triton_op`` path (Inductor launches the kernels): a CUDA
+    tensor of static sizes, on a torch with ``triton_op`` unless WTCONVNEXT_TRITON_OP=0, and not under
+    ``torch.export`` (which keeps the one opaque op)."""
+    is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+    return (TRITON_AVAILABLE and TRITON_OP and x.is_cuda and all(isinstance(s, int) for s in x.shape)
+            and not is_exporting())
 
 
 def wtconv2d_triton(
@@ -204,5 +266,8 @@ def wtconv2d_triton(
             weight, base_scale = weight.to(round_to), base_scale.to(round_to)
             bias = bias.to(round_to) if bias is not None else None
             wavelet_weight, wavelet_scale = wavelet_weight.to(round_to), wavelet_scale.to(round_to)
-        return _wtconv2d_op(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+        # Static sizes (plain ints while tracing) on a GPU: the traced ops, whose kernels Inductor launches. (The
+        # interpreter's CPU kernels cannot be traced.)
+        op = _wtconv2d_traced_op if traced_op_applies(x) else _wtconv2d_op
+        return op(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
     return _WTConvFunction.apply(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)
