@@ -102,6 +102,12 @@ if TRITON_AVAILABLE:
         wtconv_forward(dy, dx, base_w, None, level_w, 1, flip=True, coef=coef_dy)
         return (_in_format_of(dx, x), *grads)
 
+    def _refolded_backward(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
+        """The backward ops' body: the folded kernels recomputed (an op's forward returns only y), then the
+        backward."""
+        base_w, _, level_w = folded_weights(weight, None, base_scale, wavelet_weight, wavelet_scale)
+        return _backward_impl(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, base_w, level_w)
+
     @torch.library.custom_op("wtconvnext::wtconv2d", mutates_args=(), device_types=None)
     def _wtconv2d_op(
         x: Tensor,
@@ -129,8 +135,7 @@ if TRITON_AVAILABLE:
         wavelet_scale: Tensor,
         stride: int,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        base_w, _, level_w = folded_weights(weight, None, base_scale, wavelet_weight, wavelet_scale)
-        return _backward_impl(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, base_w, level_w)
+        return _refolded_backward(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
 
     @_wtconv2d_backward_op.register_fake
     def _(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
@@ -197,10 +202,7 @@ if TRITON_AVAILABLE:
             stride: int,
         ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
             with traced_launches():
-                base_w, _, level_w = folded_weights(weight, None, base_scale, wavelet_weight, wavelet_scale)
-                return _backward_impl(
-                    dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, base_w, level_w
-                )
+                return _refolded_backward(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
 
         _wtconv2d_traced_op.register_autograd(
             _autograd_of(_wtconv2d_traced_backward_op), setup_context=_setup_context
