@@ -2,12 +2,15 @@
 
     git show REV:wtconvnext/ops/triton_kernels.py > /tmp/base_kernels.py
     python benchmarks/ab_kernels.py --baseline /tmp/base_kernels.py [--dtypes bf16 fp32] [--out results/ab.json]
+    python benchmarks/ab_kernels.py --mma [--split 0] [--dtypes bf16]     # FMA vs tensor-core convolutions
 
 For each WTConvNeXt-T stage shape and the high-resolution one, it times both versions' forward, input-gradient
 pass (the same with rotated kernels, on dy) and parameter gradients, each with the analyses of x or dy it needs,
 checks that both give the same results, and prints the speedups. Either version may have today's launcher API
 (``coefficients`` / ``wtconv_forward`` / ``weight_partials`` / ``param_grads``) or the low-pass-pyramid API of
 v5 to v7 (``ll_pyramid`` / ``wtconv_forward`` / ``correlations`` / ``param_grads``).
+``--mma`` compares the current kernels with themselves, the convolutions and weight gradients on the FMA kernels
+(baseline) and on the tensor cores (``wtconvnext/ops/mma_kernels.py``; ``--split 0``: single-rounded weights).
 ``--check`` runs one small shape once, to check the script, not to time it (with ``--device cpu`` and
 ``TRITON_INTERPRET=1`` on a machine without a GPU).
 """
@@ -26,14 +29,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import DTYPES, SHAPES, _bench  # noqa: E402
-from benchmarks.common import gpu_env, write_json, wtconv_inputs  # noqa: E402
+from benchmarks.common import gpu_env, mma_switched, write_json, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import triton_kernels as current  # noqa: E402
 
 
 def _load(path: str) -> ModuleType:
     if not Path(path).is_file():
         raise SystemExit(f"--baseline {path!r}: no such file")
-    spec = importlib.util.spec_from_file_location("baseline_triton_kernels", path)
+    # Named inside the package, so that a copy's relative imports (its mma_kernels) resolve.
+    spec = importlib.util.spec_from_file_location("wtconvnext.ops._baseline_triton_kernels", path)
     if spec is None or spec.loader is None:
         raise SystemExit(f"--baseline {path!r}: not a Python file")
     mod = importlib.util.module_from_spec(spec)
@@ -80,13 +84,17 @@ def _max_rel(a, b) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--baseline", required=True, help="a copy of wtconvnext/ops/triton_kernels.py to compare with")
+    ap.add_argument("--baseline", help="a copy of wtconvnext/ops/triton_kernels.py to compare with")
+    ap.add_argument("--mma", action="store_true", help="baseline: FMA convolutions; current: tensor-core ones")
+    ap.add_argument("--split", type=int, default=1, choices=[0, 1], help="--mma: weights as hi + lo operands")
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=list(DTYPES))
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--check", action="store_true", help="one small shape, run once: checks the script")
     args = ap.parse_args(argv)
-    base = _load(args.baseline)
+    if args.mma == bool(args.baseline):
+        ap.error("give either --baseline FILE or --mma")
+    base = current if args.mma else _load(args.baseline)
     on_gpu = args.device == "cuda"
     if on_gpu and not torch.cuda.is_available():
         print("ab_kernels.py needs a CUDA GPU (or --check --device cpu with TRITON_INTERPRET=1)", file=sys.stderr)
@@ -103,6 +111,9 @@ def main(argv=None) -> int:
             x, dy, params = wtconv_inputs(b, c, h, w, levels, dtype, args.device, k)
             x, dy = x.contiguous(memory_format=torch.channels_last), dy.contiguous(memory_format=torch.channels_last)
             parts = [_parts(mod, x, dy, params, k, levels) for mod in (base, current)]
+            if args.mma:
+                parts = [{name: mma_switched(fn, on, args.split) for name, fn in p.items()}
+                         for p, on in zip(parts, (False, True))]
             for part in ("fwd", "dx", "wgrad"):
                 results = [p[part]() for p in parts]  # also compiles outside the timing
                 diff = _max_rel(results[1], results[0])
@@ -119,7 +130,8 @@ def main(argv=None) -> int:
                 print(f"{dname:5} {f'{b},{c},{h},{w},{levels}':18} {part:6} {ms[0]:12.3f} {ms[1]:11.3f} "
                       f"{ms[0] / ms[1]:7.2f}x {diff:13.1e}", flush=True)
     if args.out:
-        write_json(args.out, dict(env=gpu_env(baseline=args.baseline) if on_gpu else {}, rows=rows))
+        what = dict(baseline="fma", current=f"mma split={args.split}") if args.mma else dict(baseline=args.baseline)
+        write_json(args.out, dict(env=gpu_env(**what) if on_gpu else {}, rows=rows))
     return 0
 
 

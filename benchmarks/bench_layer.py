@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import gpu_env, report, wtconv_inputs  # noqa: E402
+from benchmarks.common import gpu_env, mma_switched, report, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
 SHAPES = [  # B, C, H, W, levels
@@ -79,12 +79,24 @@ def _cases(b, c, h, w, levels, dtype, k=5):
 
     cases["wtconv_triton_nchw"] = wt("triton", torch.contiguous_format)
     cases["wtconv_triton_cl"] = wt("triton", cl)
+    if dtype in (torch.bfloat16, torch.float16):
+        # The kernel-model A/B (issue 14): the convolutions on tensor cores, with split and single-rounded weights,
+        # whatever the default is.
+        cases["wtconv_triton_cl_fma"] = _with_mma(wt("triton", cl), False)
+        cases["wtconv_triton_cl_mma"] = _with_mma(wt("triton", cl), True)
+        cases["wtconv_triton_cl_mma1"] = _with_mma(wt("triton", cl), True, split=0)
     cases["wtconv_reference"] = wt("reference", torch.contiguous_format)
     cases["dw7_nchw"] = dw(dw7, torch.contiguous_format)
     cases["dw7_cl"] = dw(dw7, cl)
     cases["dw5_nchw"] = dw(dw5, torch.contiguous_format)
     cases["dw5_cl"] = dw(dw5, cl)
     return cases
+
+
+def _with_mma(case, enabled: bool, split: int = 1):
+    """A case's callables with the tensor-core kernels switched on or off (and their weight split) while they run."""
+    fwd, fwdbwd, xi = case
+    return mma_switched(fwd, enabled, split), mma_switched(fwdbwd, enabled, split), xi
 
 
 def main(argv=None) -> int:
@@ -129,11 +141,11 @@ def main(argv=None) -> int:
         r["peak_vs_best_dw7"] = r["peak_mb"] / ref["peak_mb"] if ref["peak_mb"] > 0 else float("nan")
         r["best_dw7_layout"] = ref["impl"]
 
-    hdr = f"{'dtype':5} {'shape (B,C,H,W,L)':22} {'impl':20} {'fwd ms':>8} {'f+b ms':>8} {'peak MB':>9} {'f+b/dw7*':>9} {'mem/dw7*':>9}"
+    hdr = f"{'dtype':5} {'shape (B,C,H,W,L)':22} {'impl':22} {'fwd ms':>8} {'f+b ms':>8} {'peak MB':>9} {'f+b/dw7*':>9} {'mem/dw7*':>9}"
     lines = []
     for r in rows:
         shape = f"{r['B']},{r['C']},{r['H']},{r['W']},{r['levels']}"
-        lines.append(f"{r['dtype']:5} {shape:22} {r['impl']:20} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} "
+        lines.append(f"{r['dtype']:5} {shape:22} {r['impl']:22} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} "
                      f"{r['peak_mb']:9.1f} {r['fwdbwd_vs_best_dw7']:9.2f} {r['peak_vs_best_dw7']:9.2f}")
     report(args.out, gpu_env(), hdr, lines, rows,
            note="* ratio to the faster layout of depthwise 7x7 (cuDNN) in the same dtype and shape")

@@ -43,6 +43,22 @@ def wtconv_inputs(
     return x, dy, params
 
 
+def mma_switched(fn: Any, enabled: bool, split: int = 1) -> Any:
+    """``fn`` with the tensor-core convolution kernels (``wtconvnext.ops.mma_kernels``) switched on or off, and
+    their weight split set, while it runs (the kernel-model A/B of issue 14)."""
+    from wtconvnext.ops import mma_kernels as mk
+
+    def run() -> Any:
+        was = mk.ENABLED, mk.MMA_TUNING["split"]
+        mk.ENABLED, mk.MMA_TUNING["split"] = enabled, split
+        try:
+            return fn()
+        finally:
+            mk.ENABLED, mk.MMA_TUNING["split"] = was
+
+    return run
+
+
 def write_json(path: str | Path, payload: Any) -> None:
     """Write ``payload`` as JSON to ``path`` through a temporary sibling, so a killed run never leaves half a file."""
     out = Path(path)

@@ -4,7 +4,9 @@ Also prints the wall time per iteration without the profiler: when it is well ab
 is bound by host-side launch overhead, not by the GPU; ``--host`` then adds a cProfile of the Python side (top
 functions by own time).
 
-    python benchmarks/profile_layer.py [--shapes 0 3] [--dtypes fp32 bf16] [--cl] [--host]
+    python benchmarks/profile_layer.py [--shapes 0 3] [--dtypes fp32 bf16] [--cl] [--mma] [--host]
+
+``--mma``: the bf16 convolutions on the tensor cores (wtconvnext/ops/mma_kernels.py; implies --cl).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", type=int, nargs="+", default=[0, 3])
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"])
     ap.add_argument("--cl", action="store_true", help="channels_last input")
+    ap.add_argument("--mma", action="store_true", help="tensor-core convolutions (bf16, channels_last)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--host", action="store_true", help="also cProfile the host side of fwd + bwd")
     args = ap.parse_args(argv)
@@ -35,7 +38,10 @@ def main(argv=None) -> int:
         for dname in args.dtypes:
             b, c, h, w, levels = SHAPES[si]
             cases = _cases(b, c, h, w, levels, DTYPES[dname])
-            _, fwdbwd, _ = cases["wtconv_triton_cl" if args.cl else "wtconv_triton_nchw"]
+            name = "wtconv_triton_cl" if args.cl else "wtconv_triton_nchw"
+            if args.mma and "wtconv_triton_cl_mma" in cases:
+                name = "wtconv_triton_cl_mma"
+            _, fwdbwd, _ = cases[name]
             for _ in range(3):
                 fwdbwd()
             wall = wall_us(fwdbwd, args.iters) / 1000
@@ -43,7 +49,7 @@ def main(argv=None) -> int:
                 for _ in range(args.iters):
                     fwdbwd()
                 torch.cuda.synchronize()
-            print(f"\n=== {dname} B={b} C={c} {h}x{w} L={levels} cl={args.cl}: per-iteration CUDA time by kernel")
+            print(f"\n=== {dname} B={b} C={c} {h}x{w} L={levels} {name}: per-iteration CUDA time by kernel")
             rows = []
             for e in prof.key_averages():
                 t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)

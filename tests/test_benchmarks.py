@@ -54,6 +54,18 @@ def test_ab_kernels_script_reports_what_differs(tmp_path: Path) -> None:
         assert diffs["perturbed"][part] == pytest.approx(1e-3 / (1 + 1e-3), rel=1e-3), part
 
 
+def test_ab_kernels_mma_mode(tmp_path: Path) -> None:
+    """--mma: the FMA and the tensor-core convolutions side by side, every part within bf16 rounding of the other."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = tmp_path / "mma.json"
+    assert ab_kernels.main(["--mma", "--dtypes", "bf16", "--device", device, "--check", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["part"] for r in rows] == ["fwd", "dx", "wgrad"]
+    assert all(r["max_rel_diff"] <= 1e-2 for r in rows), rows
+    with pytest.raises(SystemExit):
+        ab_kernels.main(["--device", "cpu", "--check"])  # neither --baseline nor --mma
+
+
 def test_ab_kernels_rejects_a_missing_baseline(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no such file"):
         ab_kernels.main(["--baseline", str(tmp_path / "nope.py"), "--device", "cpu", "--check"])

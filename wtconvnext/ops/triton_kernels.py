@@ -53,10 +53,20 @@ PATCH_LEVELS = 5
 
 
 @triton.jit
-def _level_of(pid, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr, CC: tl.constexpr):
+def _level_count(w, B, IMGS, BW: tl.constexpr, MMA_K: tl.constexpr):
+    """Programs a launch over every level gives a level of width w: ceil(B / IMGS) * ceil(w / BW) (FMA kernels),
+    or with MMA_K > 0 ceil(B * strips / 16), strips of up to 17 - K columns (the tensor-core kernels)."""
+    if MMA_K > 0:
+        return (B * ((w + 16 - MMA_K) // (17 - MMA_K)) + 15) // 16
+    else:
+        return ((B + IMGS - 1) // IMGS) * ((w + BW - 1) // BW)
+
+
+@triton.jit
+def _level_of(pid, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr, CC: tl.constexpr, MMA_K: tl.constexpr):
     """Which level program ``pid`` of a launch over every level works on (levels 1..L in order, each with
-    ceil(B / IMGS) * ceil(w_i / BW) programs): (level, h_i, w_i, its first program, its element offset in a flat
-    per-level buffer of CC channels, int64)."""
+    _level_count programs): (level, h_i, w_i, its first program, its element offset in a flat per-level buffer of
+    CC channels, int64)."""
     h = H
     w = W
     start = pid * 0
@@ -69,7 +79,7 @@ def _level_of(pid, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr, CC: tl
     for i in tl.static_range(LEVELS):
         h = (h + 1) // 2
         w = (w + 1) // 2
-        n = ((B + IMGS - 1) // IMGS) * ((w + BW - 1) // BW)
+        n = _level_count(w, B, IMGS, BW, MMA_K)
         sel = (pid >= start) & (pid < start + n)
         lv = tl.where(sel, i + 1, lv)
         hs = tl.where(sel, h, hs)
@@ -99,7 +109,7 @@ def _conv_kernel(
     NI: tl.constexpr = BW + K - 1
     pid = tl.program_id(0)
     if LEVELS > 0:
-        lv, h, w, st, off = _level_of(pid, H, W, B, 1, BW, LEVELS, CC)
+        lv, h, w, st, off = _level_of(pid, H, W, B, 1, BW, LEVELS, CC, 0)
         local = pid - st
         strips = (w + BW - 1) // BW
         b = (local // strips).to(tl.int64)
@@ -200,7 +210,7 @@ def _wgrad_kernel(
     NI: tl.constexpr = BW + K - 1
     pid = tl.program_id(0)
     if LEVELS > 0:
-        lv, h, w, st, off = _level_of(pid, H, W, B, IMGS, BW, LEVELS, CC)
+        lv, h, w, st, off = _level_of(pid, H, W, B, IMGS, BW, LEVELS, CC, 0)
         local = pid - st
         xb0 = x_ptr + off
         gb0 = g_ptr + off
@@ -501,8 +511,9 @@ def _fold_kernel(
 
 
 @triton.jit
-def _level_rows(g, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr):
-    """(first partial row, rows) of level g in a weight-gradient launch over every level (see _level_of)."""
+def _level_rows(g, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr, MMA_K: tl.constexpr):
+    """(first partial row, rows) of level g in a weight-gradient launch over every level (see _level_of; MMA_K > 0:
+    the tensor-core kernels' launch for K x K kernels, ceil(B * strips / 16) programs per level)."""
     h = H
     w = W
     start = g * 0
@@ -511,7 +522,7 @@ def _level_rows(g, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr):
     for i in tl.static_range(LEVELS):
         h = (h + 1) // 2
         w = (w + 1) // 2
-        n = ((B + IMGS - 1) // IMGS) * ((w + BW - 1) // BW)
+        n = _level_count(w, B, IMGS, BW, MMA_K)
         first = tl.where(g == i + 1, start, first)
         rows = tl.where(g == i + 1, n, rows)
         start += n
@@ -527,6 +538,7 @@ def _param_grads_kernel(
     R0, H, W, B, IMGS,
     C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr, ROUND: tl.constexpr,  # as _fold_kernel
+    MMA_K: tl.constexpr,  # > 0: the level partials come from the tensor-core kernels (their rows per level)
 ):
     """Partials summed in a fixed order, then the chain rule through the folding, one program per channel block
     and group (0: base, i: level i): ``d W = scale * corr``, ``d scale = sum_taps W * corr`` (+ ``bias * sum dy``
@@ -550,7 +562,7 @@ def _param_grads_kernel(
         _store_grad(dbs_ptr, c1, dbs, cm1, ROUND)
         _store_grad(db_ptr, c1, bs * dsum, cm1, ROUND)
     else:
-        first, rows = _level_rows(g, H, W, B, IMGS, BW, LEVELS)
+        first, rows = _level_rows(g, H, W, B, IMGS, BW, LEVELS, MMA_K)
         c0 = tl.zeros((TP, BLOCK_C), dtype=COMPUTE)
         c1_ = tl.zeros((TP, BLOCK_C), dtype=COMPUTE)
         c2 = tl.zeros((TP, BLOCK_C), dtype=COMPUTE)
@@ -842,7 +854,6 @@ def wtconv_forward(
     bsz, ch, h, w = x.shape
     levels, k = level_w.shape[0], base_w.shape[0]
     compute = _compute_dtype(x.dtype)
-    bw, warps = TUNING["conv_bw"], TUNING["conv_warps"]
     acc1: Optional[Tensor] = None
     if levels:
         if coef is None:
@@ -850,13 +861,7 @@ def wtconv_forward(
         sizes = level_sizes(h, w, levels)
         offs = _offsets(bsz, ch, h, w, levels)
         filt = torch.empty_like(coef)
-        bc = _block_c(4 * ch, TUNING["conv_bc"])
-        programs = _level_programs(h, w, levels, bw, bsz)
-        _launch(
-            _conv_kernel, (programs, _cdiv(4 * ch, bc)), (coef, coef, filt, level_w, level_w, h, w, bsz), warps,
-            CC=4 * ch, K=k, LEVELS=levels, BW=bw, BC=bc, STRIDE=1, HAS_ACC=False, HAS_BIAS=False, FLIP=flip,
-            COMPUTE=compute,
-        )
+        _conv_launch(coef, coef, filt, level_w, level_w, h, w, bsz, 4 * ch, k, levels, 1, False, False, flip)
         pbc = _block_c(ch, TUNING["patch_bc"])
         for first, nl in reversed(_chunks(levels)):  # coarse to fine
             m, pw, patches = _patches(*sizes[first], nl, TUNING["patch_chunk"])
@@ -867,23 +872,45 @@ def wtconv_forward(
                 C=ch, NL=nl, M=m, HAS_ACC=first + nl <= levels, BC=pbc, CHUNK=TUNING["patch_chunk"], COMPUTE=compute,
             )
         acc1 = coef  # level 1's region now holds acc_1, (B, H, W, C)
-    bc = _block_c(ch, TUNING["conv_bc"])
-    _launch(
-        _conv_kernel, (bsz * _cdiv(w, bw), _cdiv(ch, bc)),
-        (x, x if acc1 is None else acc1, out, base_w, base_w if base_b is None else base_b, h, w, bsz), warps,
-        CC=ch, K=k, LEVELS=0, BW=bw, BC=bc, STRIDE=stride, HAS_ACC=acc1 is not None, HAS_BIAS=base_b is not None,
-        FLIP=flip, COMPUTE=compute,
-    )
+    _conv_launch(x, x if acc1 is None else acc1, out, base_w, base_w if base_b is None else base_b, h, w, bsz, ch,
+                 k, 0, stride, acc1 is not None, base_b is not None, flip)
     return out
 
 
+def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h: int, w: int, bsz: int, cc: int,
+                 k: int, levels: int, stride: int, has_acc: bool, has_bias: bool, flip: bool) -> None:
+    """One launch of the depthwise convolutions (``levels`` = 0: the base map; else every level's subbands): on
+    the tensor cores for bf16 / fp16 inputs when they apply (``mma_kernels``), else the explicit-column kernel."""
+    if _mma.mma_applies(x.dtype, k):
+        t = _mma.MMA_TUNING
+        programs = _mma.mma_level_programs(level_sizes(h, w, levels)[1:], k, bsz) if levels else \
+            _mma.mma_programs(w, k, bsz)
+        rnd, opd = _mma.operand_dtype(x.dtype)
+        _launch(
+            _mma._mma_conv_kernel, (programs, _cdiv(cc, t["conv_bc"])), (x, acc, y, wts, bias, h, w, bsz),
+            t["conv_warps"], CC=cc, K=k, LEVELS=levels, BC=t["conv_bc"], STRIDE=stride, HAS_ACC=has_acc,
+            HAS_BIAS=has_bias, FLIP=flip, SPLIT=bool(t["split"]), RND=rnd, OPD=opd,
+        )
+        return
+    bw = TUNING["conv_bw"]
+    bc = _block_c(cc, TUNING["conv_bc"])
+    programs = _level_programs(h, w, levels, bw, bsz) if levels else bsz * _cdiv(w, bw)
+    _launch(
+        _conv_kernel, (programs, _cdiv(cc, bc)), (x, acc, y, wts, bias, h, w, bsz), TUNING["conv_warps"],
+        CC=cc, K=k, LEVELS=levels, BW=bw, BC=bc, STRIDE=stride, HAS_ACC=has_acc, HAS_BIAS=has_bias, FLIP=flip,
+        COMPUTE=_compute_dtype(x.dtype),
+    )
+
+
 def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Optional[Tensor], k: int,
-                    levels: int) -> tuple[Tensor, Tensor]:
+                    levels: int) -> tuple[Tensor, Tensor, int]:
     """Per-program partial correlations of the weight gradients (w.r.t. the folded weights), for
     :func:`param_grads`: the base's of x and dy (with dy's sum in lane K*K), and every level's of the two
-    coefficient buffers, in one launch each."""
+    coefficient buffers, in one launch each; and which kernels made them (K for the tensor-core ones, else 0)."""
     _check_cl(x, dy)
     bsz, ch, h, w = x.shape
+    if _mma.mma_applies(x.dtype, k):
+        return _mma_weight_partials(x, dy, coef_x, coef_dy, k, levels)
     bw, warps, imgs = TUNING["wgrad_bw"], TUNING["wgrad_warps"], TUNING["wgrad_imgs"]
     tp = _pow2(k * k + 1)
     groups = _cdiv(bsz, imgs)
@@ -896,7 +923,7 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
         CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute,
     )
     if not levels:
-        return base, base
+        return base, base, 0
     rows = _level_programs(h, w, levels, bw, groups)
     lev = torch.empty((rows, tp, 4 * ch), device=x.device, dtype=acc)
     bc = _block_c(4 * ch, TUNING["wgrad_bc"])
@@ -904,11 +931,34 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
         _wgrad_kernel, (rows, _cdiv(4 * ch, bc)), (coef_x, coef_dy, lev, h, w, bsz, imgs), warps,
         CC=4 * ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC=bc, DSUM=False, COMPUTE=compute,
     )
-    return base, lev
+    return base, lev, 0
+
+
+def _mma_weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Optional[Tensor], k: int,
+                         levels: int) -> tuple[Tensor, Tensor, int]:
+    """:func:`weight_partials` on the tensor cores (bf16 / fp16): the same partial layout, their own rows."""
+    bsz, ch, h, w = x.shape
+    t = _mma.MMA_TUNING
+    tp = _pow2(k * k + 1)
+    opd = _mma.operand_dtype(x.dtype)[1]
+    base = torch.empty((_mma.mma_programs(w, k, bsz), tp, ch), device=x.device, dtype=torch.float32)
+    _launch(
+        _mma._mma_wgrad_kernel, (base.shape[0], _cdiv(ch, t["wgrad_bc"])), (x, dy, base, h, w, bsz),
+        t["wgrad_warps"], CC=ch, K=k, TP=tp, LEVELS=0, BC=t["wgrad_bc"], DSUM=True, OPD=opd,
+    )
+    if not levels:
+        return base, base, k
+    rows = _mma.mma_level_programs(level_sizes(h, w, levels)[1:], k, bsz)
+    lev = torch.empty((rows, tp, 4 * ch), device=x.device, dtype=torch.float32)
+    _launch(
+        _mma._mma_wgrad_kernel, (rows, _cdiv(4 * ch, t["wgrad_bc"])), (coef_x, coef_dy, lev, h, w, bsz),
+        t["wgrad_warps"], CC=4 * ch, K=k, TP=tp, LEVELS=levels, BC=t["wgrad_bc"], DSUM=False, OPD=opd,
+    )
+    return base, lev, k
 
 
 def param_grads(
-    parts: tuple[Tensor, Tensor], x_shape: tuple[int, ...], weight: Tensor, bias: Optional[Tensor],
+    parts: tuple[Tensor, Tensor, int], x_shape: tuple[int, ...], weight: Tensor, bias: Optional[Tensor],
     base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor, round_to: Optional[torch.dtype] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The parameters' gradients from :func:`weight_partials` (of an input of ``x_shape``), in one launch:
@@ -916,7 +966,7 @@ def param_grads(
     shape and dtype (d bias in base_scale's dtype when there is no bias: the gradient a zero bias would get). With
     ``round_to`` (as given to :func:`folded_weights`), each is rounded through that dtype, as the backward of a
     cast to it would."""
-    bpart, lpart = parts
+    bpart, lpart, mma_k = parts
     bsz, _, h, w = x_shape
     ch, k, levels = weight.shape[0], weight.shape[-1], wavelet_weight.shape[0]
     weight, base_scale = weight.contiguous(), base_scale.contiguous()
@@ -932,6 +982,9 @@ def param_grads(
         (bpart, lpart, weight, bias if bias is not None else base_scale, base_scale, wavelet_weight, wavelet_scale,
          d_weight, d_bias, d_base_scale, d_ww, d_ws, bpart.shape[0], h, w, bsz, TUNING["wgrad_imgs"]), 4,
         C=ch, K=k, TP=bpart.shape[1], LEVELS=levels, BW=TUNING["wgrad_bw"], HAS_BIAS=bias is not None,
-        BLOCK_C=bc, COMPUTE=_compute_dtype(bpart.dtype), ROUND=_tl_dtype(round_to),
+        BLOCK_C=bc, COMPUTE=_compute_dtype(bpart.dtype), ROUND=_tl_dtype(round_to), MMA_K=mma_k,
     )
     return d_weight, d_bias, d_base_scale, d_ww, d_ws
+
+
+from . import mma_kernels as _mma  # noqa: E402  (its kernels use _round, defined above)
