@@ -118,3 +118,20 @@ def test_bench_model_runs_every_task(tmp_path: Path) -> None:
             assert (model, task, compiled) in tasks
     assert all(r["throughput_vs_convnext"] > 0 for r in rows)
     assert all(r["graphs"] >= 1 and len(r["ms_per_size"]) == 3 for r in rows if r["task"] == "multiscale")
+
+
+def test_host_cpu_times_both_modes_on_a_tiny_shape(tmp_path: Path) -> None:
+    """The host-cost script end to end on the CPU (a subprocess: it switches Triton's interpreter on before
+    importing wtconvnext, which must not leak into this process): a row per mode with positive medians over the
+    requested iterations, and the table printed."""
+    out = tmp_path / "host.json"
+    script = Path(ab_kernels.__file__).with_name("host_cpu.py")
+    proc = subprocess.run([sys.executable, str(script), "--tiny", "--iters", "20", "--rounds", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["mode"] for r in rows] == ["stub", "kept"]
+    for r in rows:
+        assert (r["C"], r["H"], r["levels"], r["iters"]) == (8, 9, 2, 20)
+        assert 0 < r["fwd_us"] < r["fwd_bwd_us"], r
+    assert "fwd+bwd us" in proc.stdout and proc.stdout.count("8,   9, 2") == 2

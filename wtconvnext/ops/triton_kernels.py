@@ -596,9 +596,12 @@ def _compute_dtype(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32,
+              torch.float64: tl.float64}
+
+
 def _tl_dtype(dtype: Optional[torch.dtype]):
-    return None if dtype is None else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16,
-                                       torch.float32: tl.float32, torch.float64: tl.float64}[dtype]
+    return None if dtype is None else _TL_DTYPES[dtype]
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -665,18 +668,27 @@ _MAX_KEPT = 4096  # ints are keyed by value: bound the cache for workloads of ev
 
 
 def _device_index() -> int:
-    # The device Triton's launch uses (its kernel cache is per device; so is a compiled kernel's handle).
-    return triton.runtime.driver.active.get_current_device()
+    """The device Triton's launch uses (its kernel cache is per device; so is a compiled kernel's handle)."""
+    # Triton asks ``driver.active.get_current_device()`` on every launch (torch.cuda.current_device for the GPU
+    # drivers); the getter is looked up once and then called directly (two property lookups and a frame less per
+    # launch). It stays the current device's getter, so set_device between launches is still seen.
+    global _device_index
+    _device_index = triton.runtime.driver.active.get_current_device
+    return _device_index()
 
 
-_TRACED = threading.local()  # .on while a torch.library.triton_op body runs (see traced_launches)
+class _Traced(threading.local):
+    on = False  # a class default: every thread starts untraced without a getattr default per launch
+
+
+_TRACED = _Traced()  # .on while a torch.library.triton_op body runs (see traced_launches)
 
 
 @contextlib.contextmanager
 def traced_launches() -> Iterator[None]:
     """Launch through ``torch.library.wrap_triton`` inside this block: the body of a ``triton_op``, which
     ``torch.compile`` traces into its graph so that Inductor launches the kernels itself."""
-    was = getattr(_TRACED, "on", False)
+    was = _TRACED.on
     _TRACED.on = True
     try:
         yield
@@ -688,7 +700,7 @@ def _launch(fn, grid: tuple[int, int], args: tuple, warps: int, **consts: object
     """``fn[grid](*args, **consts, num_warps=warps)``: runtime arguments positional (the kernel's leading
     parameters: tensors, ints or None), constexprs by name."""
     global _FAST_LAUNCH
-    if getattr(_TRACED, "on", False):
+    if _TRACED.on:
         from torch.library import wrap_triton
 
         wrap_triton(fn)[grid](*args, **consts, num_warps=warps)
@@ -701,15 +713,19 @@ def _launch(fn, grid: tuple[int, int], args: tuple, warps: int, **consts: object
     if names is None:
         # The compiled launcher takes every parameter in order: runtime ones, then the constexprs.
         names = _CONST_NAMES[fid] = tuple(fn.arg_names[len(args):])
-    try:
-        if len(consts) != len(names):
-            raise KeyError
-        cvals = tuple(consts[n] for n in names)
-    except KeyError:
-        raise TypeError(
-            f"{fn.__name__}: launch passes constexprs {sorted(consts)}, kernel has {sorted(names)}") from None
+    if tuple(consts) == names:  # the launchers pass them in the kernel's order: no reordering
+        cvals = tuple(consts.values())
+    else:
+        try:
+            if len(consts) != len(names):
+                raise KeyError
+            cvals = tuple(consts[n] for n in names)
+        except KeyError:
+            raise TypeError(
+                f"{fn.__name__}: launch passes constexprs {sorted(consts)}, kernel has {sorted(names)}") from None
+    # A pointer's low four bits: zero for 16-byte aligned (what Triton specialises on), else kept (a finer key).
     key = (fid, _device_index(), warps, cvals,
-           *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, Tensor) else a for a in args])
+           *[(a.dtype, a.data_ptr() & 15) if isinstance(a, Tensor) else a for a in args])
     kernel = _COMPILED.get(key)
     if kernel is None:
         kernel = fn[grid](*args, **consts, num_warps=warps)

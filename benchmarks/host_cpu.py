@@ -1,0 +1,154 @@
+"""Host-side cost of one fused WTConv layer call (forward + backward), measured on the CPU with no kernel run.
+
+Usage (any machine; no GPU needed)::
+
+    python benchmarks/host_cpu.py [--out results/host_cpu.json] [--iters 2000] [--shapes 4]
+
+The eager triton backend's host work per layer call is Python and torch: argument checks, autocast and autograd,
+the allocations, layout checks and shape arithmetic around the 13 kernel launches (5 forward, 8 backward), and the
+launches' own bookkeeping. This script times ``wtconv2d(..., backend='triton')`` forward + backward on CPU tensors
+(Triton's interpreter lets the backend take them; it is switched on here before wtconvnext is imported) at the
+WTConvNeXt-T stage shapes, B=1 bf16 channels_last, in two modes, so that no kernel runs:
+
+- ``stub``: ``triton_kernels._launch`` is a no-op; only the work around the launches is timed;
+- ``kept``: ``_launch`` runs its kept-kernel path (the cache key of every launch and its lookup, as on a GPU) up to
+  the compiled kernel's launcher, which is a no-op here (the kernels are stand-ins and the device index is 0).
+
+The launch outputs are left uninitialised. Per mode and shape it prints the median wall time of one forward and
+of one forward + backward over ``--iters`` timed iterations (in ``--rounds`` rounds, the modes alternating) and
+writes JSON. CPU figures: the absolute times are this machine's, torch's CPU allocator stands in for the CUDA
+caching allocator, and the device-index lookup is a stand-in; compare runs on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+os.environ["TRITON_INTERPRET"] = "1"  # before wtconvnext: the triton backend accepts CPU tensors only then
+
+import contextlib  # noqa: E402
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import report, wtconv_inputs  # noqa: E402
+from wtconvnext.ops import triton_kernels as tk  # noqa: E402
+from wtconvnext.ops import wtconv2d  # noqa: E402
+
+STAGES = [(96, 56, 56, 5), (192, 28, 28, 4), (384, 14, 14, 3), (768, 7, 7, 2)]  # C, H, W, levels (WTConvNeXt-T)
+
+
+class _NoOpCompiled:
+    """Stands in for Triton's compiled kernel: the attributes ``_launch`` checks, and a launcher that does nothing."""
+
+    run = function = packed_metadata = None
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
+        return lambda *args: None
+
+
+class _StandInKernel:
+    """Stands in for a ``@triton.jit`` kernel: its parameter names, and a first launch that "compiles" it."""
+
+    def __init__(self, fn: Any) -> None:
+        self.arg_names, self.__name__ = fn.arg_names, fn.__name__
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., _NoOpCompiled]:
+        return lambda *args, **kwargs: _NoOpCompiled()
+
+
+@contextlib.contextmanager
+def no_kernels(mode: str) -> Iterator[None]:
+    """Inside: every launch of the fused WTConv does no work (``mode`` 'stub' or 'kept', see the module docs)."""
+    saved, const_names = dict(vars(tk)), dict(tk._CONST_NAMES)
+    try:
+        if mode == "stub":
+            tk._launch = lambda *args, **kwargs: None
+        else:
+            for name, value in saved.items():
+                if name.endswith("_kernel") and hasattr(value, "arg_names"):
+                    setattr(tk, name, _StandInKernel(value))
+            tk._FAST_LAUNCH = True
+            tk._device_index = lambda: 0  # no CUDA device here: Triton's driver would ask for one
+            tk._COMPILED.clear()
+            tk._CONST_NAMES.clear()  # keyed by id(): a stand-in's id may be a freed one's
+        yield
+    finally:
+        for name in ("_launch", "_FAST_LAUNCH", "_device_index", *[n for n in saved if n.endswith("_kernel")]):
+            setattr(tk, name, saved[name])
+        tk._COMPILED.clear()
+        tk._CONST_NAMES.clear()
+        tk._CONST_NAMES.update(const_names)
+
+
+def sample_ns(fn: Callable[[], object], iters: int) -> list[int]:
+    """Wall-clock nanoseconds of each of ``iters`` calls of ``fn``, after a few warm-up calls, GC off."""
+    for _ in range(3):
+        fn()
+    times = []
+    gc.disable()
+    try:
+        for _ in range(iters):
+            t0 = time.perf_counter_ns()
+            fn()
+            times.append(time.perf_counter_ns() - t0)
+    finally:
+        gc.enable()
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="results/host_cpu.json")
+    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=20, help="the iterations split into rounds, modes alternating")
+    ap.add_argument("--shapes", type=int, default=len(STAGES), help="the first N stage shapes")
+    ap.add_argument("--tiny", action="store_true", help="one tiny shape (C=8, 9x9, 2 levels): a check of the script")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    shapes = [(8, 9, 9, 2)] if args.tiny else STAGES[: args.shapes]
+    rows = []
+    for c, h, w, levels in shapes:
+        x, dy, p = wtconv_inputs(1, c, h, w, levels, torch.bfloat16, device="cpu")
+        x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
+        dy = dy.contiguous(memory_format=torch.channels_last)
+        ps = [t.requires_grad_() for t in p]
+
+        def fwd() -> None:
+            with torch.no_grad():
+                wtconv2d(x, *ps, backend="triton")
+
+        def fwd_bwd() -> None:
+            torch.autograd.grad(wtconv2d(x, *ps, backend="triton"), [x, *ps], dy)
+
+        # Short rounds, the modes alternating, so that slow phases of a shared machine hit both alike.
+        times: dict[tuple[str, str], list[int]] = {}
+        for _ in range(args.rounds):
+            for mode in ("stub", "kept"):
+                with no_kernels(mode):
+                    for name, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
+                        times.setdefault((mode, name), []).extend(sample_ns(fn, -(-args.iters // args.rounds)))
+        for mode in ("stub", "kept"):
+            rows.append(dict(mode=mode, C=c, H=h, W=w, levels=levels, B=1, dtype="bf16",
+                             iters=len(times[mode, "fwd"]),
+                             **{f"{name}_us": statistics.median(times[mode, name]) / 1e3 for name in ("fwd", "fwd_bwd")}))
+    hdr = f"{'mode':5} {'C, H, L':14} {'fwd us':>8} {'fwd+bwd us':>11}"
+    lines = [f"{r['mode']:5} {r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['fwd_us']:8.1f} {r['fwd_bwd_us']:11.1f}"
+             for r in rows]
+    env = dict(cpu=platform.processor() or platform.machine(), torch=torch.__version__, python=platform.python_version(),
+               date=time.strftime("%Y-%m-%d %H:%M:%S"))
+    report(args.out, env, hdr, lines, rows, note="median host time per call, B=1 bf16 channels_last, CPU, no kernel run")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
