@@ -135,3 +135,26 @@ def test_host_cpu_times_both_modes_on_a_tiny_shape(tmp_path: Path) -> None:
         assert (r["C"], r["H"], r["levels"], r["iters"]) == (8, 9, 2, 20)
         assert 0 < r["fwd_us"] < r["fwd_bwd_us"], r
     assert "fwd+bwd us" in proc.stdout and proc.stdout.count("8,   9, 2") == 2
+
+
+def test_bench_train_reads_the_last_epochs_rate() -> None:
+    from benchmarks.bench_train import last_epoch_rate
+
+    log = ("Train 0 [5/10] loss 2.3 lr 1.0e-03 10.0 img/s\nTrain 0 [10/10] loss 2.2 lr 1.0e-03 20.0 img/s\n"
+           "Train 1 [5/10] loss 2.1 lr 1.0e-03 30.5 img/s\nTrain 1 [10/10] loss 2.0 lr 1.0e-03 41.25 img/s\n"
+           "Eval 1: top1 10.0\n")
+    assert last_epoch_rate(log) == 41.25
+    assert last_epoch_rate("no rates here") != last_epoch_rate("no rates here")  # nan
+
+
+def test_bench_train_runs_train_py_on_a_generated_folder(tmp_path: Path) -> None:
+    """bench_train.py --check: a generated ImageFolder, train.py for both test models, the pipeline's own rate."""
+    from benchmarks import bench_train
+
+    out = tmp_path / "train.json"
+    assert bench_train.main(["--check", "--out", str(out), "--data-dir", str(tmp_path / "data")]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["model"] for r in rows] == ["test_convnext", "test_wtconvnext"]
+    assert all(r["img_s"] > 0 and r["pipeline_img_s"] > 0 for r in rows), rows
+    assert rows[0]["vs_convnext"] == 1.0
+    assert len(list((tmp_path / "data" / "train").glob("class*/*.jpg"))) >= 40
