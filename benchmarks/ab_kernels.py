@@ -2,7 +2,7 @@
 
     git show REV:wtconvnext/ops/triton_kernels.py > /tmp/base_kernels.py
     python benchmarks/ab_kernels.py --baseline /tmp/base_kernels.py [--dtypes bf16 fp32] [--out results/ab.json]
-    python benchmarks/ab_kernels.py --mma [--split 0] [--dtypes bf16]     # FMA vs tensor-core convolutions
+    python benchmarks/ab_kernels.py --mma [--split 0] [--syn1 0] [--dtypes bf16]  # FMA vs tensor-core kernels
 
 For each WTConvNeXt-T stage shape and the high-resolution one, it times both versions' forward, input-gradient
 pass (the same with rotated kernels, on dy) and parameter gradients, each with the analyses of x or dy it needs,
@@ -10,7 +10,8 @@ checks that both give the same results, and prints the speedups. Either version 
 (``coefficients`` / ``wtconv_forward`` / ``weight_partials`` / ``param_grads``) or the low-pass-pyramid API of
 v5 to v7 (``ll_pyramid`` / ``wtconv_forward`` / ``correlations`` / ``param_grads``).
 ``--mma`` compares the current kernels with themselves, the convolutions and weight gradients on the FMA kernels
-(baseline) and on the tensor cores (``wtconvnext/ops/mma_kernels.py``; ``--split 0``: single-rounded weights).
+(baseline) and on the tensor cores (``wtconvnext/ops/mma_kernels.py``; ``--split 0``: single-rounded weights;
+``--syn1 0``: level 1 synthesised by its own launch, not by the base convolution).
 ``--check`` runs one small shape once, to check the script, not to time it (with ``--device cpu`` and
 ``TRITON_INTERPRET=1`` on a machine without a GPU).
 """
@@ -87,6 +88,8 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", help="a copy of wtconvnext/ops/triton_kernels.py to compare with")
     ap.add_argument("--mma", action="store_true", help="baseline: FMA convolutions; current: tensor-core ones")
     ap.add_argument("--split", type=int, default=1, choices=[0, 1], help="--mma: weights as hi + lo operands")
+    ap.add_argument("--syn1", type=int, default=1, choices=[0, 1],
+                    help="--mma: the base convolution synthesises level 1 itself")
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=list(DTYPES))
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -112,7 +115,7 @@ def main(argv=None) -> int:
             x, dy = x.contiguous(memory_format=torch.channels_last), dy.contiguous(memory_format=torch.channels_last)
             parts = [_parts(mod, x, dy, params, k, levels) for mod in (base, current)]
             if args.mma:
-                parts = [{name: mma_switched(fn, on, args.split) for name, fn in p.items()}
+                parts = [{name: mma_switched(fn, on, split=args.split, syn1=args.syn1) for name, fn in p.items()}
                          for p, on in zip(parts, (False, True))]
             for part in ("fwd", "dx", "wgrad"):
                 results = [p[part]() for p in parts]  # also compiles outside the timing
@@ -130,7 +133,8 @@ def main(argv=None) -> int:
                 print(f"{dname:5} {f'{b},{c},{h},{w},{levels}':18} {part:6} {ms[0]:12.3f} {ms[1]:11.3f} "
                       f"{ms[0] / ms[1]:7.2f}x {diff:13.1e}", flush=True)
     if args.out:
-        what = dict(baseline="fma", current=f"mma split={args.split}") if args.mma else dict(baseline=args.baseline)
+        what = dict(baseline="fma", current=f"mma split={args.split} syn1={args.syn1}") if args.mma else \
+            dict(baseline=args.baseline)
         write_json(args.out, dict(env=gpu_env(**what) if on_gpu else {}, rows=rows))
     return 0
 

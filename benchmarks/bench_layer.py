@@ -93,10 +93,10 @@ def _cases(b, c, h, w, levels, dtype, k=5):
     return cases
 
 
-def _with_mma(case, enabled: bool, split: int = 1):
-    """A case's callables with the tensor-core kernels switched on or off (and their weight split) while they run."""
+def _with_mma(case, enabled: bool, **tuning: int):
+    """A case's callables with the tensor-core kernels switched on or off (and ``MMA_TUNING`` overrides)."""
     fwd, fwdbwd, xi = case
-    return mma_switched(fwd, enabled, split), mma_switched(fwdbwd, enabled, split), xi
+    return mma_switched(fwd, enabled, **tuning), mma_switched(fwdbwd, enabled, **tuning), xi
 
 
 def main(argv=None) -> int:

@@ -43,18 +43,21 @@ def wtconv_inputs(
     return x, dy, params
 
 
-def mma_switched(fn: Any, enabled: bool, split: int = 1) -> Any:
+def mma_switched(fn: Any, enabled: bool, **tuning: int) -> Any:
     """``fn`` with the tensor-core convolution kernels (``wtconvnext.ops.mma_kernels``) switched on or off, and
-    their weight split set, while it runs (the kernel-model A/B of issue 14)."""
+    ``tuning`` set in their ``MMA_TUNING`` (``split=0``, ``syn1=0``...), while it runs (the A/B of issue 14)."""
     from wtconvnext.ops import mma_kernels as mk
 
     def run() -> Any:
-        was = mk.ENABLED, mk.MMA_TUNING["split"]
-        mk.ENABLED, mk.MMA_TUNING["split"] = enabled, split
+        was = mk.ENABLED, dict(mk.MMA_TUNING)
+        mk.ENABLED = enabled
+        mk.MMA_TUNING.update(tuning)
         try:
             return fn()
         finally:
-            mk.ENABLED, mk.MMA_TUNING["split"] = was
+            mk.ENABLED = was[0]
+            mk.MMA_TUNING.clear()
+            mk.MMA_TUNING.update(was[1])
 
     return run
 

@@ -47,9 +47,11 @@ def _case(name: str, ch: int, dtype: str):
 
         t, opd = mk.MMA_TUNING, tl.float16 if dtype == "fp16" else tl.bfloat16
         if "conv" in name:
-            sig = dict(x_ptr=x, acc_ptr=x, y_ptr=x, w_ptr=f32, b_ptr=f32, H=i32, W=i32, B=i32)
+            sig = dict(x_ptr=x, acc_ptr=x, acc2_ptr=x, y_ptr=x, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32, W=i32,
+                       B=i32)
             const = dict(CC=cc, K=5, LEVELS=levels, BC=t["conv_bc"], STRIDE=1, HAS_ACC=not levels,
-                         HAS_BIAS=not levels, FLIP=False, SPLIT=bool(t["split"]), RND=opd, OPD=opd)
+                         HAS_BIAS=not levels, FLIP=False, SPLIT=bool(t["split"]), RND=opd, OPD=opd,
+                         SYN1=not levels, HAS_ACC2=not levels)
             return mk._mma_conv_kernel, sig, const, t["conv_warps"]
         sig = dict(x_ptr=x, g_ptr=x, part_ptr=f32, H=i32, W=i32, B=i32)
         const = dict(CC=cc, K=5, TP=32, LEVELS=levels, BC=t["wgrad_bc"], DSUM=not levels, OPD=opd)

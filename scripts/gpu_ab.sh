@@ -3,7 +3,7 @@
 #   bash scripts/gpu_ab.sh [OUTDIR]            # default results/gpu_ab; needs the golden data (see gpu_check.sh)
 # 1. correctness of both kernel sets on the GPU (golden data, the op contract, stage shapes, mma vs FMA),
 # 2. pass by pass (forward, input gradient, weight gradients) at every stage shape: ab_kernels.py --mma, weights
-#    split into hi + lo operands and rounded once,
+#    split into hi + lo operands and rounded once, level 1 synthesised by the base convolution or by its own launch,
 # 3. the layer table with both (bench_layer.py --quick --dtypes bf16: rows wtconv_triton_cl_fma / _mma / _mma1),
 # 4. per-kernel CUDA time of the mma layer at every stage (profile_layer.py --mma).
 # Each step has its own time limit and writes under OUTDIR as it goes, so a cut call keeps what ran.
@@ -24,6 +24,7 @@ step 240 tests.log "$py" -m pytest -q -rf --tb=short tests/test_ops_triton.py te
   -k "mma or golden or dtypes or low_precision or deterministic"
 step 120 ab_mma.txt "$py" benchmarks/ab_kernels.py --mma --dtypes bf16 --out "$out/ab_mma.json"
 step 90 ab_mma_split0.txt "$py" benchmarks/ab_kernels.py --mma --split 0 --dtypes bf16 --out "$out/ab_mma_split0.json"
+step 90 ab_mma_syn0.txt "$py" benchmarks/ab_kernels.py --mma --syn1 0 --dtypes bf16 --out "$out/ab_mma_syn0.json"
 step 150 layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --out "$out/layer.json"
 step 60 profile_mma.txt "$py" benchmarks/profile_layer.py --shapes 0 1 2 3 --dtypes bf16 --mma
 exit $rc

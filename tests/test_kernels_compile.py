@@ -76,21 +76,23 @@ def _mma_cases():
     f32, i32 = "*fp32", "i32"
     t = mk.MMA_TUNING
     for dt, opd in (("*bf16", tl.bfloat16), ("*fp16", tl.float16)):
-        conv = dict(x_ptr=dt, acc_ptr=dt, y_ptr=dt, w_ptr=f32, b_ptr=f32, H=i32, W=i32, B=i32)
+        conv = dict(x_ptr=dt, acc_ptr=dt, acc2_ptr=dt, y_ptr=dt, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32, W=i32,
+                    B=i32)
         wg = dict(x_ptr=dt, g_ptr=dt, part_ptr=f32, H=i32, W=i32, B=i32)
-        for k, levels, stride, base, split in ((5, 0, 1, True, True), (5, 5, 1, False, True), (3, 0, 2, True, False),
-                                               (7, 2, 1, False, False), (1, 0, 1, True, True)):
+        for k, levels, stride, base, split, syn1 in ((5, 0, 1, True, True, True), (5, 5, 1, False, True, False),
+                                                     (3, 0, 2, True, False, True), (7, 2, 1, False, False, False),
+                                                     (1, 0, 1, True, True, False)):
             cc = 96 if levels == 0 else 384
             yield mk._mma_conv_kernel, conv, dict(
                 CC=cc, K=k, LEVELS=levels, BC=t["conv_bc"], STRIDE=stride, HAS_ACC=base, HAS_BIAS=base,
-                FLIP=not base, SPLIT=split, RND=opd, OPD=opd)
+                FLIP=not base, SPLIT=split, RND=opd, OPD=opd, SYN1=syn1, HAS_ACC2=syn1 and k == 5)
             yield mk._mma_wgrad_kernel, wg, dict(CC=cc, K=k, TP=_pow2(k * k + 1), LEVELS=levels, BC=t["wgrad_bc"],
                                                  DSUM=levels == 0, OPD=opd)
     bf = "*bf16"
     for levels in (0, 2):
-        yield mk._mma_conv_kernel, dict(x_ptr=bf, acc_ptr=bf, y_ptr=bf, w_ptr=f32, b_ptr=f32), dict(
-            H=1, W=1, B=1, CC=96, K=5, LEVELS=levels, BC=t["conv_bc"], STRIDE=1, HAS_ACC=True, HAS_BIAS=True,
-            FLIP=False, SPLIT=True, RND=tl.bfloat16, OPD=tl.bfloat16)
+        yield mk._mma_conv_kernel, dict(x_ptr=bf, acc_ptr=bf, acc2_ptr=bf, y_ptr=bf, w_ptr=f32, b_ptr=f32), dict(
+            acc2_off=1, H=1, W=1, B=1, CC=96, K=5, LEVELS=levels, BC=t["conv_bc"], STRIDE=1, HAS_ACC=True,
+            HAS_BIAS=True, FLIP=False, SPLIT=True, RND=tl.bfloat16, OPD=tl.bfloat16, SYN1=levels == 0, HAS_ACC2=True)
         yield mk._mma_wgrad_kernel, dict(x_ptr=bf, g_ptr=bf, part_ptr=f32), dict(
             H=1, W=1, B=1, CC=96, K=5, TP=32, LEVELS=levels, BC=t["wgrad_bc"], DSUM=True, OPD=tl.bfloat16)
 

@@ -464,6 +464,8 @@ def test_mma_kernels_low_precision(shape, dtype, mma_launches):
     convs = mma_launches.count("_mma_conv_kernel")
     assert convs == (2 if shape[5] else 1) * 2, mma_launches  # forward and input gradient
     assert mma_launches.count("_mma_wgrad_kernel") == (2 if shape[5] else 1)
+    # Level 1 is synthesised by the base convolution itself: the synthesis launches cover levels 2.. only.
+    assert mma_launches.count("_synthesis_kernel") == (2 if shape[5] >= 2 else 0)
     assert "_conv_kernel" not in mma_launches and "_wgrad_kernel" not in mma_launches
 
 
@@ -473,6 +475,18 @@ def test_mma_kernels_single_rounded_weights(mma_launches, monkeypatch):
 
     monkeypatch.setitem(mk.MMA_TUNING, "split", 0)
     _low_precision_check(MMA_SHAPES[0], torch.bfloat16)
+
+
+@pytest.mark.parametrize("shape", [MMA_SHAPES[0], MMA_SHAPES[2]], ids=["L3", "L6s2"])
+def test_mma_kernels_without_fused_level1_synthesis(shape, mma_launches, monkeypatch):
+    """syn1=0: level 1 synthesised by the synthesis launch and added as acc_1, as the FMA path does."""
+    from wtconvnext.ops import mma_kernels as mk
+
+    from wtconvnext.ops.triton_kernels import _chunks
+
+    monkeypatch.setitem(mk.MMA_TUNING, "syn1", 0)
+    _low_precision_check(shape, torch.bfloat16)
+    assert mma_launches.count("_synthesis_kernel") == 2 * len(_chunks(shape[5]))
 
 
 def test_mma_kernels_deterministic(mma_launches):

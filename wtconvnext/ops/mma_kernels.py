@@ -40,7 +40,8 @@ MAX_K = 15  # a strip holds 17 - K output columns
 
 # Launch shapes (fixed: partials, hence the bits, must not depend on timing). bc: channels per program (the batch
 # of the 3-D product), warps: each warp takes bc / warps channels. 8 x 4 compiles without spills for K = 5.
-MMA_TUNING: dict[str, int] = {"conv_bc": 8, "conv_warps": 4, "wgrad_bc": 8, "wgrad_warps": 4, "split": 1}
+# syn1: the base convolution synthesises level 1 itself (fewer bytes, more instructions: the A/B decides).
+MMA_TUNING: dict[str, int] = {"conv_bc": 8, "conv_warps": 4, "wgrad_bc": 8, "wgrad_warps": 4, "split": 1, "syn1": 1}
 
 # WTCONVNEXT_MMA=1 (read at import) takes the tensor-core kernels for bf16 / fp16 inputs; off by default until
 # the H200 A/B against the FMA kernels (``benchmarks/ab_kernels.py --mma``, ``bench_layer.py``) decides.
@@ -106,17 +107,21 @@ def _split_weight(wt, RND: tl.constexpr, OPD: tl.constexpr):
 @triton.jit
 def _mma_conv_kernel(
     x_ptr,  # (B, H, W, CC) dense; LEVELS > 0: the flat coefficient buffer, level i (B, h_i, w_i, CC) after level i-1
-    acc_ptr,  # (B, H, W, CC) added to the output (HAS_ACC)
+    acc_ptr,  # HAS_ACC: (B, H, W, CC) added to the output; SYN1: level 1's filtered subbands (B, h_1, w_1, 4, CC)
+    acc2_ptr,  # SYN1 and HAS_ACC2: acc_2 (B, h_1, w_1, CC), the coarser levels' synthesis, from element acc2_off
     y_ptr,  # (B, ceil(H / STRIDE), ceil(W / STRIDE), CC); LEVELS > 0: a buffer laid out as x_ptr's
     w_ptr,  # (K, K, CC) fp32 taps-major; LEVELS > 0: (L, K, K, CC)
     b_ptr,  # (CC,) fp32 (HAS_BIAS)
-    H, W, B,
+    acc2_off, H, W, B,
     CC: tl.constexpr, K: tl.constexpr, LEVELS: tl.constexpr, BC: tl.constexpr, STRIDE: tl.constexpr,
     HAS_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, SPLIT: tl.constexpr,
     RND: tl.constexpr, OPD: tl.constexpr,  # the input dtype; the operand dtype (RND, or fp32 in the interpreter)
+    SYN1: tl.constexpr, HAS_ACC2: tl.constexpr,
 ):
     """Depthwise K x K convolution, 'same' zero padding, on tensor cores: of one map (LEVELS = 0) or of every
-    level's subbands in one launch. FLIP rotates the kernel by 180 degrees."""
+    level's subbands in one launch. FLIP rotates the kernel by 180 degrees. SYN1 (with HAS_ACC): the base
+    convolution adds level 1's inverse Haar step itself, from its filtered subbands (and acc_2 on their low-pass),
+    instead of reading a synthesised acc_1: one full-resolution map less written and read."""
     PAD: tl.constexpr = K // 2
     lv, local, h, w, xb, yb = _program_map(tl.program_id(0), x_ptr, y_ptr, H, W, B, K, LEVELS, CC)
     wb = w_ptr + tl.maximum(lv - 1, 0) * (K * K * CC)
@@ -136,6 +141,14 @@ def _mma_conv_kernel(
     ors = tl.cast(wo, tl.int64) * CC
     yo = b * ho * wo * CC + (ocol // STRIDE) * CC + c
     ao = img + ocol * CC + c
+    if SYN1:
+        # Level 1's positions under this program's columns (row 0), and the columns' parity.
+        w1 = (w + 1) // 2
+        s1 = (b * ((h + 1) // 2) * w1 + ocol // 2) * CC
+        t1p = acc_ptr + s1 * 4 + c
+        a2p = acc2_ptr + tl.cast(acc2_off, tl.int64) + s1 + c
+        rs1 = tl.cast(w1, tl.int64) * CC
+        right = ocol % 2 == 1
     # Toeplitz operands, one (or a hi / lo pair) per tap row: T[c, i, q] = w[ky, i - q, c].
     ti = tl.arange(0, SEG)[None, :, None]
     kx = ti - sl
@@ -171,12 +184,37 @@ def _mma_conv_kernel(
             if HAS_BIAS:
                 out += bias
             if HAS_ACC:
-                out += tl.load(acc_ptr + ao + o * rs, mask=om, other=0.0).to(tl.float32)
+                if SYN1:
+                    r1_ = (o // 2) * rs1
+                    out += _haar_synthesis_at(t1p + 4 * r1_, a2p + r1_, o, right, om, CC, HAS_ACC2)
+                else:
+                    out += tl.load(acc_ptr + ao + o * rs, mask=om, other=0.0).to(tl.float32)
             tl.store(yb + yo + (o // STRIDE) * ors, out.to(y_ptr.dtype.element_ty), mask=om)
         acc = ()
         for j in tl.static_range(1, K):
             acc = acc + (new[j],)
         acc = acc + (tl.zeros((BC, SEG, SEG), dtype=tl.float32),)
+
+
+@triton.jit
+def _haar_synthesis_at(tp, a2p, o, right, om, CC: tl.constexpr, HAS_ACC2: tl.constexpr):
+    """acc_1 at full-resolution row ``o`` (fp32): the inverse Haar step of level 1's filtered subbands at ``tp``
+    (the row's (B, h_1, w_1, 4, CC) positions; + acc_2 at ``a2p`` on the low-pass), as _synthesis_level computes
+    it, picked by the row's parity and the columns' (``right``: odd columns)."""
+    t0 = tl.load(tp, mask=om, other=0.0).to(tl.float32)
+    t1 = tl.load(tp + CC, mask=om, other=0.0).to(tl.float32)
+    t2 = tl.load(tp + 2 * CC, mask=om, other=0.0).to(tl.float32)
+    t3 = tl.load(tp + 3 * CC, mask=om, other=0.0).to(tl.float32)
+    if HAS_ACC2:
+        # t carries the synthesis 1/2 (folded into the weights); the coarser levels' sum needs it too.
+        t0 += 0.5 * tl.load(a2p, mask=om, other=0.0).to(tl.float32)
+    if o % 2 == 0:  # top row of the 2 x 2 block
+        ab = t0 + t1
+        cd = t2 + t3
+    else:
+        ab = t0 - t1
+        cd = t2 - t3
+    return tl.where(right, ab - cd, ab + cd)
 
 
 @triton.jit

@@ -767,9 +767,9 @@ def _offsets(bsz: int, ch: int, h: int, w: int, levels: int) -> tuple[int, ...]:
 
 
 @functools.cache
-def _chunks(levels: int) -> tuple[tuple[int, int], ...]:
-    """(first level, levels) of each analysis / synthesis launch, fine to coarse."""
-    out, first = [], 1
+def _chunks(levels: int, first: int = 1) -> tuple[tuple[int, int], ...]:
+    """(first level, levels) of each analysis / synthesis launch over levels ``first``..L, fine to coarse."""
+    out = []
     while first <= levels:
         nl = min(PATCH_LEVELS, levels - first + 1)
         out.append((first, nl))
@@ -870,7 +870,12 @@ def wtconv_forward(
     bsz, ch, h, w = x.shape
     levels, k = level_w.shape[0], base_w.shape[0]
     compute = _compute_dtype(x.dtype)
-    acc1: Optional[Tensor] = None
+    # The tensor-core base convolution does level 1's synthesis itself (from the filtered subbands and acc_2): one
+    # full-resolution map less written and read, and the synthesis launches start at level 2.
+    syn1 = _mma.mma_applies(x.dtype, k) and bool(_mma.MMA_TUNING["syn1"])
+    acc: Optional[Tensor] = None
+    acc2: Optional[Tensor] = None
+    acc2_off = 0
     if levels:
         if coef is None:
             coef = coefficients(x, levels)
@@ -879,7 +884,7 @@ def wtconv_forward(
         filt = torch.empty_like(coef)
         _conv_launch(coef, coef, filt, level_w, level_w, h, w, bsz, 4 * ch, k, levels, 1, False, False, flip)
         pbc = _block_c(ch, TUNING["patch_bc"])
-        for first, nl in reversed(_chunks(levels)):  # coarse to fine
+        for first, nl in reversed(_chunks(levels, 2 if syn1 else 1)):  # coarse to fine
             m, pw, patches = _patches(*sizes[first], nl, TUNING["patch_chunk"])
             _launch(
                 _synthesis_kernel, (bsz * patches, _cdiv(ch, pbc)),
@@ -887,25 +892,36 @@ def wtconv_forward(
                 TUNING["patch_warps"],
                 C=ch, NL=nl, M=m, HAS_ACC=first + nl <= levels, BC=pbc, CHUNK=TUNING["patch_chunk"], COMPUTE=compute,
             )
-        acc1 = coef  # level 1's region now holds acc_1, (B, H, W, C)
-    _conv_launch(x, x if acc1 is None else acc1, out, base_w, base_w if base_b is None else base_b, h, w, bsz, ch,
-                 k, 0, stride, acc1 is not None, base_b is not None, flip)
+        if syn1:
+            acc = filt  # level 1's filtered subbands; acc_2 over level 2's coefficients
+            if levels > 1:
+                acc2, acc2_off = coef, offs[1]
+        else:
+            acc = coef  # level 1's region now holds acc_1, (B, H, W, C)
+    _conv_launch(x, x if acc is None else acc, out, base_w, base_w if base_b is None else base_b, h, w, bsz, ch,
+                 k, 0, stride, acc is not None, base_b is not None, flip, syn1=syn1 and acc is not None, acc2=acc2,
+                 acc2_off=acc2_off)
     return out
 
 
 def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h: int, w: int, bsz: int, cc: int,
-                 k: int, levels: int, stride: int, has_acc: bool, has_bias: bool, flip: bool) -> None:
+                 k: int, levels: int, stride: int, has_acc: bool, has_bias: bool, flip: bool, syn1: bool = False,
+                 acc2: Optional[Tensor] = None, acc2_off: int = 0) -> None:
     """One launch of the depthwise convolutions (``levels`` = 0: the base map; else every level's subbands): on
-    the tensor cores for bf16 / fp16 inputs when they apply (``mma_kernels``), else the explicit-column kernel."""
+    the tensor cores for bf16 / fp16 inputs when they apply (``mma_kernels``), else the explicit-column kernel.
+    ``syn1`` (tensor cores only): ``acc`` is level 1's filtered subbands and ``acc2`` (from element ``acc2_off``,
+    when given) acc_2, synthesised into the base convolution's output."""
     if _mma.mma_applies(x.dtype, k):
         t = _mma.MMA_TUNING
         programs = _mma.mma_level_programs(level_sizes(h, w, levels)[1:], k, bsz) if levels else \
             _mma.mma_programs(w, k, bsz)
         rnd, opd = _mma.operand_dtype(x.dtype)
         _launch(
-            _mma._mma_conv_kernel, (programs, _cdiv(cc, t["conv_bc"])), (x, acc, y, wts, bias, h, w, bsz),
+            _mma._mma_conv_kernel, (programs, _cdiv(cc, t["conv_bc"])),
+            (x, acc, x if acc2 is None else acc2, y, wts, bias, acc2_off, h, w, bsz),
             t["conv_warps"], CC=cc, K=k, LEVELS=levels, BC=t["conv_bc"], STRIDE=stride, HAS_ACC=has_acc,
-            HAS_BIAS=has_bias, FLIP=flip, SPLIT=bool(t["split"]), RND=rnd, OPD=opd,
+            HAS_BIAS=has_bias, FLIP=flip, SPLIT=bool(t["split"]), RND=rnd, OPD=opd, SYN1=syn1,
+            HAS_ACC2=acc2 is not None,
         )
         return
     bw = TUNING["conv_bw"]
