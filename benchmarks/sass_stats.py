@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import compile_sm90, write_json  # noqa: E402
 
 KERNELS = ["conv_base", "conv_levels", "dx_base", "wgrad_base", "wgrad_levels", "wgrad_levels_fp32",
-           "mma_conv_base", "mma_conv_levels", "mma_wgrad_base", "mma_wgrad_levels"]
+           "mma_conv_base", "mma_conv_base_syn1", "mma_conv_levels", "mma_wgrad_base", "mma_wgrad_levels"]
 _INSTR = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[.\s]")
 _BRANCH = re.compile(r"BRA\s+`?\((\.L_x_\d+)\)")
 
@@ -51,7 +51,7 @@ def _case(name: str, ch: int, dtype: str):
                        B=i32)
             const = dict(CC=cc, K=5, LEVELS=levels, BC=t["conv_bc"], STRIDE=1, HAS_ACC=not levels,
                          HAS_BIAS=not levels, FLIP=False, SPLIT=bool(t["split"]), RND=opd, OPD=opd,
-                         SYN1=not levels, HAS_ACC2=not levels)
+                         SYN1=name.endswith("syn1"), HAS_ACC2=name.endswith("syn1"))
             return mk._mma_conv_kernel, sig, const, t["conv_warps"]
         sig = dict(x_ptr=x, g_ptr=x, part_ptr=f32, H=i32, W=i32, B=i32)
         const = dict(CC=cc, K=5, TP=32, LEVELS=levels, BC=t["wgrad_bc"], DSUM=not levels, OPD=opd)
