@@ -240,15 +240,19 @@ def test_opcheck_and_compile():
         torch.testing.assert_close(a.grad, b)
 
 
-def test_traced_op_runs_the_same_kernels():
-    """The triton_op pair that compiled code on a GPU uses, run eagerly: bitwise the result of the eager path."""
-    from wtconvnext.ops import wtconv_triton
+@pytest.mark.parametrize("kernels", ["fma", "mma"])
+def test_traced_op_runs_the_same_kernels(kernels, monkeypatch):
+    """The triton_op pair that compiled code on a GPU uses, run eagerly: bitwise the result of the eager path (fp32
+    on the FMA kernels; bf16 on the tensor-core ones)."""
+    from wtconvnext.ops import mma_kernels, wtconv_triton
 
     if not wtconv_triton.TRITON_OP:
         pytest.skip("this torch has no torch.library.triton_op")
+    monkeypatch.setattr(mma_kernels, "ENABLED", kernels == "mma")
+    dtype = torch.bfloat16 if kernels == "mma" else torch.float32
     c, k, levels = 3, 5, 2
-    params = _params(c, k, levels, True, torch.float32)
-    x = torch.randn(2, c, 11, 7, device=DEVICE)
+    params = _params(c, k, levels, True, dtype)
+    x = torch.randn(2, c, 11, 7, device=DEVICE).to(dtype)
     assert wtconv_triton.traced_op_applies(x) == x.is_cuda
     eager, dy = _run(x, params, 1, "triton")
     xt = x.clone().requires_grad_()
