@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The kernel-model A/B of issue 14 in one GPU call: FMA (explicit columns) vs tensor-core (mma) convolutions.
-#   bash scripts/gpu_ab.sh [OUTDIR]            # default results/gpu_ab; needs the golden data (see gpu_check.sh)
+# The kernel-model A/B of issue 14 (one or two GPU calls): FMA (explicit columns) vs tensor-core (mma) convolutions.
+#   bash scripts/gpu_ab.sh [OUTDIR] [tests] [ab] [layer] [profile]   # default: all four, into results/gpu_ab
+# (about 4 + 5 + 2.5 + 1 minutes on an H200: two device calls of at most 10 minutes, e.g. "tests ab", then
+# "layer profile"). Needs the golden data (see gpu_check.sh).
 # 1. correctness of both kernel sets on the GPU (golden data, the op contract, stage shapes, mma vs FMA),
 # 2. pass by pass (forward, input gradient, weight gradients) at every stage shape: ab_kernels.py --mma, weights
 #    split into hi + lo operands and rounded once, level 1 synthesised by the base convolution or by its own launch,
@@ -10,6 +12,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-results/gpu_ab}"
+shift || true
+what="${*:-tests ab layer profile}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
@@ -20,11 +24,19 @@ step() {  # step SECONDS LOG command...
   timeout "$limit" "$@" 2>&1 | tee "$out/$log" || rc=1
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
-step 240 tests.log "$py" -m pytest -q -rf --tb=short tests/test_ops_triton.py tests/gpu/test_gpu.py \
-  -k "mma or golden or dtypes or low_precision or deterministic"
-step 120 ab_mma.txt "$py" benchmarks/ab_kernels.py --mma --dtypes bf16 --out "$out/ab_mma.json"
-step 90 ab_mma_split0.txt "$py" benchmarks/ab_kernels.py --mma --split 0 --dtypes bf16 --out "$out/ab_mma_split0.json"
-step 90 ab_mma_syn0.txt "$py" benchmarks/ab_kernels.py --mma --syn1 0 --dtypes bf16 --out "$out/ab_mma_syn0.json"
-step 150 layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --out "$out/layer.json"
-step 60 profile_mma.txt "$py" benchmarks/profile_layer.py --shapes 0 1 2 3 --dtypes bf16 --mma
+if [[ "$what" == *tests* ]]; then
+  step 240 tests.log "$py" -m pytest -q -rf --tb=short tests/test_ops_triton.py tests/gpu/test_gpu.py \
+    -k "mma or golden or dtypes or low_precision or deterministic"
+fi
+if [[ "$what" == *ab* ]]; then
+  step 120 ab_mma.txt "$py" benchmarks/ab_kernels.py --mma --dtypes bf16 --out "$out/ab_mma.json"
+  step 90 ab_mma_split0.txt "$py" benchmarks/ab_kernels.py --mma --split 0 --dtypes bf16 --out "$out/ab_mma_split0.json"
+  step 90 ab_mma_syn0.txt "$py" benchmarks/ab_kernels.py --mma --syn1 0 --dtypes bf16 --out "$out/ab_mma_syn0.json"
+fi
+if [[ "$what" == *layer* ]]; then
+  step 150 layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --out "$out/layer.json"
+fi
+if [[ "$what" == *profile* ]]; then
+  step 60 profile_mma.txt "$py" benchmarks/profile_layer.py --shapes 0 1 2 3 --dtypes bf16 --mma
+fi
 exit $rc
