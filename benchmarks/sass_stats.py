@@ -99,13 +99,15 @@ def loops(sass: str) -> list[dict]:
 
 def useful_fma(name: str, const: dict, warps: int, ops: dict, width: int) -> float:
     """Multiply-adds of the convolution itself that one warp's pass through a loop body does, on maps ``width``
-    columns wide: FMA kernels 32 lanes x FFMA; tensor-core kernels (channels per warp) x 16 segments x the strip's
-    used columns x K taps x K tap rows (strips of NQ <= 17 - K columns, the map's share of them)."""
+    columns wide: FMA kernels 32 lanes x FFMA; tensor-core kernels per HMMA (m16n8k16, half a strip's 16 output
+    slots; two per tap row, four with the weights split in two): 16 segments x the strip's used columns x K taps
+    / 2 (strips of NQ <= 17 - K columns, the map's share of them)."""
     if not name.startswith("mma"):
         return 32.0 * ops.get("FFMA", 0)
     k = const["K"]
     strips = -(-width // (17 - k))
-    return const["BC"] / warps * 16 * (width / strips) * k * k
+    per_hmma = 16 * (width / strips) * k / 2 / (2 if const.get("SPLIT") else 1)
+    return ops.get("HMMA", 0) * per_hmma
 
 
 def analyse(name: str, ch: int, dtype: str, width: int = 56) -> dict:

@@ -39,9 +39,10 @@ SEG = tl.constexpr(16)  # segments per program (M), and a strip's input / output
 MAX_K = 15  # a strip holds 17 - K output columns
 
 # Launch shapes (fixed: partials, hence the bits, must not depend on timing). bc: channels per program (the batch
-# of the 3-D product), warps: each warp takes bc / warps channels. 8 x 4 compiles without spills for K = 5.
+# of the 3-D product), warps: each warp takes bc / warps channels. For K = 5, without spills: convolution 8 x 4;
+# weight gradient 8 x 8 (its rows unrolled by K need the registers: 2 channels per warp spill).
 # syn1: the base convolution synthesises level 1 itself (fewer bytes, more instructions: the A/B decides).
-MMA_TUNING: dict[str, int] = {"conv_bc": 8, "conv_warps": 4, "wgrad_bc": 8, "wgrad_warps": 4, "split": 1, "syn1": 1}
+MMA_TUNING: dict[str, int] = {"conv_bc": 8, "conv_warps": 4, "wgrad_bc": 8, "wgrad_warps": 8, "split": 1, "syn1": 1}
 
 # WTCONVNEXT_MMA=1 (read at import) takes the tensor-core kernels for bf16 / fp16 inputs; off by default until
 # the H200 A/B against the FMA kernels (``benchmarks/ab_kernels.py --mma``, ``bench_layer.py``) decides.
@@ -218,6 +219,25 @@ def _haar_synthesis_at(tp, a2p, o, right, om, CC: tl.constexpr, HAS_ACC2: tl.con
 
 
 @triton.jit
+def _wgrad_row(xp, gp, r, rs, h, xm, gmk, dq, gacc, dsum, K: tl.constexpr, DSUM: tl.constexpr, OPD: tl.constexpr):
+    """One x row of the weight gradient: dy row r + PAD joins the rows in flight, and x row r meets each of them."""
+    PAD: tl.constexpr = K // 2
+    xt = tl.load(xp + r * rs, mask=xm, other=0.0).to(OPD)
+    rg = r + PAD
+    graw = tl.load(gp + rg * rs, mask=gmk & (rg < h), other=0.0)
+    if DSUM:
+        dsum += graw.to(tl.float32)
+    new = ()
+    for j in tl.static_range(1, K):
+        new = new + (dq[j],)
+    dq = new + (graw.to(OPD),)
+    upd = ()
+    for ky in tl.static_range(K):  # x row r pairs with dy row r - ky + PAD: slot K - 1 - ky
+        upd = upd + (tl.dot(xt, dq[K - 1 - ky], gacc[ky]),)
+    return dq, upd, dsum
+
+
+@triton.jit
 def _mma_wgrad_kernel(
     x_ptr,  # (B, H, W, CC) dense x; LEVELS > 0: the flat coefficient buffer of x
     g_ptr,  # the same for dy
@@ -258,20 +278,14 @@ def _mma_wgrad_kernel(
         if DSUM:
             dsum += graw.to(tl.float32)
         dq = dq + (graw.to(OPD),)
-    for r in range(0, h):
-        xt = tl.load(xb + xo + r * rs, mask=xm, other=0.0).to(OPD)
-        rg = r + PAD
-        graw = tl.load(gb + go + rg * rs, mask=gmk & (rg < h), other=0.0)
-        if DSUM:
-            dsum += graw.to(tl.float32)
-        new = ()
-        for j in tl.static_range(1, K):
-            new = new + (dq[j],)
-        dq = new + (graw.to(OPD),)
-        upd = ()
-        for ky in tl.static_range(K):  # x row r pairs with dy row r - ky + PAD: slot K - 1 - ky
-            upd = upd + (tl.dot(xt, dq[K - 1 - ky], gacc[ky]),)
-        gacc = upd
+    # Rows in blocks of K, unrolled: the dy rows in flight rotate by renaming, so each is converted to its operand
+    # layout once per block rather than once per product; then the remaining rows one by one.
+    main = h - h % K
+    for r0 in range(0, main, K):
+        for u in tl.static_range(K):
+            dq, gacc, dsum = _wgrad_row(xb + xo, gb + go, r0 + u, rs, h, xm, gmk, dq, gacc, dsum, K, DSUM, OPD)
+    for r in range(main, h):
+        dq, gacc, dsum = _wgrad_row(xb + xo, gb + go, r, rs, h, xm, gmk, dq, gacc, dsum, K, DSUM, OPD)
     ti = tl.arange(0, SEG)[None, :, None]
     cc = tl.program_id(1) * BC + tl.arange(0, BC)
     dst = part_ptr + pid.to(tl.int64) * TP * CC + cc
