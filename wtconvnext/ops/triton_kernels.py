@@ -24,6 +24,10 @@ chain-rule kernel sums in a fixed order (deterministic, no atomics).
 The scales are folded into the weights once per call (``scale * W``, and the synthesis 1/2 into the level weights),
 so they cost no pass of their own and their gradients follow from the same correlations. Arithmetic is fp32 (fp64
 for fp64 inputs); stored values take the output tensor's dtype. Offsets that can pass 2^31 are int64.
+
+For bf16 / fp16 inputs the convolutions and weight gradients can run on tensor cores instead (:mod:`.mma_kernels`,
+opt-in with ``WTCONVNEXT_MMA=1`` until a GPU A/B decides); ``_conv_launch`` and ``weight_partials`` choose, and the
+analysis, synthesis, folding and chain-rule kernels here serve both.
 """
 
 from __future__ import annotations
