@@ -26,7 +26,7 @@ step() {  # step SECONDS LOG command...
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
 if [[ "$what" == *tests* ]]; then
   step 240 tests.log "$py" -m pytest -q -rf --tb=short tests/test_ops_triton.py tests/gpu/test_gpu.py \
-    -k "mma or golden or dtypes or low_precision or deterministic"
+    -k "mma or golden or dtypes or low_precision or deterministic or fast_launch"
 fi
 if [[ "$what" == *ab* ]]; then
   step 120 ab_mma.txt "$py" benchmarks/ab_kernels.py --mma --dtypes bf16 --out "$out/ab_mma.json"
