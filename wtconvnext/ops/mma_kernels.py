@@ -16,7 +16,8 @@ the FMA kernels' (``param_grads`` sums them in a fixed order: deterministic).
 Numerics: the operands are the input dtype's values (x, dy and the coefficients are stored in it), the products
 exact and accumulated in fp32 by the tensor cores. The folded fp32 weights are split into two operands of the
 input dtype, ``hi = round(w)`` and ``lo = round(w - hi)`` (SPLIT), so the weights keep ~16 bits more than one
-rounding would; SPLIT=False uses ``hi`` alone (one product per tap row instead of two).
+rounding would; SPLIT=False uses ``hi`` alone (one product per tap row instead of two). With fp16 operands a folded
+weight (``scale * W``) must stay within fp16's range (65504), which the fp32 FMA kernels do not need.
 
 Under Triton's interpreter (CPU tests) the operands are fp32 tensors holding exactly those rounded values: its
 bf16 products do not model the hardware's, and its bf16 conversion truncates (``_round`` rounds to nearest even).
