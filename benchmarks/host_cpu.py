@@ -41,6 +41,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import report, wtconv_inputs  # noqa: E402
+from wtconvnext.ops import mma_kernels as mk  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
@@ -70,13 +71,16 @@ class _StandInKernel:
 def no_kernels(mode: str) -> Iterator[None]:
     """Inside: every launch of the fused WTConv does no work (``mode`` 'stub' or 'kept', see the module docs)."""
     saved, const_names = dict(vars(tk)), dict(tk._CONST_NAMES)
+    saved_mma = dict(vars(mk))
     try:
         if mode == "stub":
             tk._launch = lambda *args, **kwargs: None
         else:
-            for name, value in saved.items():
-                if name.endswith("_kernel") and hasattr(value, "arg_names"):
-                    setattr(tk, name, _StandInKernel(value))
+            # Both kernel modules' kernels (the launchers reach the tensor-core ones through mma_kernels).
+            for mod, kernels in ((tk, saved), (mk, saved_mma)):
+                for name, value in kernels.items():
+                    if name.endswith("_kernel") and hasattr(value, "arg_names"):
+                        setattr(mod, name, _StandInKernel(value))
             tk._FAST_LAUNCH = True
             tk._device_index = lambda: 0  # no CUDA device here: Triton's driver would ask for one
             tk._COMPILED.clear()
@@ -85,6 +89,8 @@ def no_kernels(mode: str) -> Iterator[None]:
     finally:
         for name in ("_launch", "_FAST_LAUNCH", "_device_index", *[n for n in saved if n.endswith("_kernel")]):
             setattr(tk, name, saved[name])
+        for name in [n for n in saved_mma if n.endswith("_kernel")]:
+            setattr(mk, name, saved_mma[name])
         tk._COMPILED.clear()
         tk._CONST_NAMES.clear()
         tk._CONST_NAMES.update(const_names)
