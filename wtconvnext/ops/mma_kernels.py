@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_kernels import _level_of, _round
+from .triton_kernels import _level_of, _round, level_sizes
 
 __all__ = ["MMA_TUNING", "mma_applies", "mma_programs", "mma_level_programs", "operand_dtype"]
 
@@ -66,9 +66,9 @@ def mma_programs(w: int, k: int, bsz: int) -> int:
 
 
 @functools.cache
-def mma_level_programs(sizes: tuple[tuple[int, int], ...], k: int, bsz: int) -> int:
-    """Programs of a launch over every level (sizes of levels 1..L)."""
-    return sum(mma_programs(wc, k, bsz) for _, wc in sizes)
+def mma_level_programs(h: int, w: int, levels: int, k: int, bsz: int) -> int:
+    """Programs of a launch over every level of an (h, w) map (as ``_level_programs`` for the FMA kernels)."""
+    return sum(mma_programs(wc, k, bsz) for _, wc in level_sizes(h, w, levels)[1:])
 
 
 @triton.jit

@@ -917,8 +917,7 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
     when given) acc_2, synthesised into the base convolution's output."""
     if _mma.mma_applies(x.dtype, k):
         t = _mma.MMA_TUNING
-        programs = _mma.mma_level_programs(level_sizes(h, w, levels)[1:], k, bsz) if levels else \
-            _mma.mma_programs(w, k, bsz)
+        programs = _mma.mma_level_programs(h, w, levels, k, bsz) if levels else _mma.mma_programs(w, k, bsz)
         rnd, opd = _mma.operand_dtype(x.dtype)
         _launch(
             _mma._mma_conv_kernel, (programs, _cdiv(cc, t["conv_bc"])),
@@ -984,7 +983,7 @@ def _mma_weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_d
     )
     if not levels:
         return base, base, k
-    rows = _mma.mma_level_programs(level_sizes(h, w, levels)[1:], k, bsz)
+    rows = _mma.mma_level_programs(h, w, levels, k, bsz)
     lev = torch.empty((rows, tp, 4 * ch), device=x.device, dtype=torch.float32)
     _launch(
         _mma._mma_wgrad_kernel, (rows, _cdiv(4 * ch, t["wgrad_bc"])), (coef_x, coef_dy, lev, h, w, bsz),
