@@ -142,10 +142,27 @@ def _train_step(name: str, amp: bool, compile_: bool, batch: int):
     return step
 
 
+def _assert_fused(name: str, step) -> None:
+    """Raise unless a WTConvNeXt ``step()`` runs the fused WTConv kernels on the GPU: a silent fallback to the
+    reference's convolutions (as torch 2.11's ``is_exporting()`` inside compiled code once caused) must not
+    produce a row."""
+    if DEVICE != "cuda" or not name.startswith(("wtconvnext", "test_wtconvnext")):
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    if not any("_conv_kernel" in e.key for e in prof.key_averages()):
+        raise RuntimeError(f"{name}: the step ran no fused WTConv kernel (a fallback to the reference path); "
+                           "its figures would not measure this project's kernels")
+
+
 def _train_case(name: str, amp: bool, compile_: bool, batch: int, warmup: int, iters: int, res: int = 224) -> dict:
     train = _train_step(name, amp, compile_, batch)
     x = _input(batch, res)
     train(x)  # compile / allocate outside the memory and time measurements
+    _assert_fused(name, lambda: train(x))
     peak = _peak_gb(lambda: train(x))
     ms = _time_steps(lambda: train(x), warmup, iters)
     del train
@@ -164,6 +181,7 @@ def _infer_case(name: str, amp: bool, compile_: bool, batch: int, warmup: int, i
             fwd(x)
 
     step()
+    _assert_fused(name, step)
     ms = _time_steps(step, warmup, iters)
     del model, fwd
     _free()

@@ -168,6 +168,27 @@ def test_captures_take_the_reference_path() -> None:
     assert seen == [True]
 
 
+def test_compiled_code_is_not_taken_for_an_export(monkeypatch) -> None:
+    """Inside a compiled function torch 2.11's dynamo folds ``torch.compiler.is_exporting()`` to True (pytorch
+    issue 176347, fixed in 2.12): the backend choice must not rest on it, or every torch.compile'd WTConv on a GPU
+    falls back to the reference. The stand-in below answers as 2.11's dynamo does."""
+    real = torch.compiler.is_exporting
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: torch.compiler.is_compiling() or real())
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: x + 1 if wtconv_ops._exporting() else x - 1, backend="eager", fullgraph=True)
+    assert torch.equal(fn(torch.zeros(2)), -torch.ones(2))
+    torch._dynamo.reset()
+    seen = []
+
+    class Probe(nn.Module):
+        def forward(self, x):
+            seen.append(wtconv_ops._exporting())
+            return x + 1
+
+    torch.export.export(Probe(), (torch.zeros(2),))
+    assert seen and all(seen)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # ONNX
 # ----------------------------------------------------------------------------------------------------------------

@@ -113,8 +113,16 @@ def resolve_backend(x: Tensor, backend: Optional[str] = None) -> str:
 
 def _exporting() -> bool:
     """True while torch.export (also under the dynamo ONNX exporter) or the legacy ONNX exporter's tracer runs."""
+    if torch.jit.is_tracing():
+        return True
+    # The flag torch.export sets, read directly: dynamo folds a call of torch.compiler.is_exporting() inside a
+    # compiled function to True on some releases (torch 2.11 does), which sent every torch.compile'd WTConv on the
+    # GPU to the reference path. A plain module attribute is read, and guarded on, at its real value.
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    if flag is not None:
+        return bool(flag)
     is_exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.5
-    return torch.jit.is_tracing() or (is_exporting is not None and is_exporting())
+    return is_exporting is not None and is_exporting()
 
 
 def wtconv2d(

@@ -23,6 +23,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .wtconv import _exporting
+
 try:
     import triton  # noqa: F401
 
@@ -236,9 +238,8 @@ def traced_op_applies(x: Tensor) -> bool:
     """Whether a compiled WTConv of ``x`` takes the ``triton_op`` path (Inductor launches the kernels): a CUDA
     tensor of static sizes, on a torch with ``triton_op`` unless WTCONVNEXT_TRITON_OP=0, and not under
     ``torch.export`` (which keeps the one opaque op)."""
-    is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
     return (TRITON_AVAILABLE and TRITON_OP and x.is_cuda and all(isinstance(s, int) for s in x.shape)
-            and not is_exporting())
+            and not _exporting())
 
 
 def wtconv2d_triton(

@@ -1,0 +1,70 @@
+"""Per-kernel CUDA time of one model training step (AdamW, bf16 AMP, channels_last), eager or compiled.
+
+For finding where a model's step goes: the kernels by CUDA time, grouped by name, with the count per step, the
+wall time per step without the profiler, and (compiled) dynamo's graph and graph-break counts.
+
+    python benchmarks/profile_model.py --model wtconvnext_tiny [--compile] [--batch 128] [--fp32]
+
+WTCONVNEXT_TRITON_OP=0 in the environment keeps a compiled WTConv on the opaque custom op (see
+``wtconvnext/ops/wtconv_triton.py``), for comparing the two compiled paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import benchmarks.bench_model as bm  # noqa: E402
+import wtconvnext  # noqa: E402,F401  (registers the models)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="wtconvnext_tiny")
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--fp32", action="store_true", help="no autocast")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--rows", type=int, default=30)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("profile_model.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from torch.profiler import ProfilerActivity, profile
+
+    step = bm._train_step(args.model, not args.fp32, args.compile, args.batch)
+    x = bm._input(args.batch, 224)
+    for _ in range(3):
+        step(x)
+    ms = bm._time_steps(lambda: step(x), 3, 10)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.iters):
+            step(x)
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0:
+            rows.append((t / args.iters / 1000, e.count / args.iters, e.key))
+    rows.sort(reverse=True)
+    mode = "compiled" if args.compile else "eager"
+    print(f"=== {args.model} {mode} {'fp32' if args.fp32 else 'bf16-amp'} B={args.batch}: {ms:.2f} ms per step "
+          f"(no profiler); CUDA time per step by kernel")
+    for t, n, k in rows[: args.rows]:
+        print(f"{t:8.3f} ms  x{n:<6.1f} {k[:110]}")
+    print(f"{sum(r[0] for r in rows):8.3f} ms  all kernels ({len(rows)} names)")
+    if args.compile:
+        from torch._dynamo.utils import counters
+
+        print("dynamo stats:", dict(counters["stats"]), "graph breaks:", dict(counters["graph_break"]))
+    print(f"peak memory of a step: {bm._peak_gb(lambda: step(x)):.2f} GB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
