@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The kernel-model A/B of issue 14 (one or two GPU calls): FMA (explicit columns) vs tensor-core (mma) convolutions.
-#   bash scripts/gpu_ab.sh [OUTDIR] [tests] [ab] [layer] [profile]   # default: all four, into results/gpu_ab
-# (about 4 + 5 + 2.5 + 1 minutes on an H200: two device calls of at most 10 minutes, e.g. "tests ab", then
-# "layer profile"). Needs the golden data (see gpu_check.sh).
+#   bash scripts/gpu_ab.sh [OUTDIR] [tests] [ab] [layer] [profile] [compiled] [pmodel] [graphs] [host]
+# (default: the first four, into results/gpu_ab; about 4 + 5 + 2.5 + 1 minutes on an H200, then 5.5 + 3 + 5.5 + 3:
+# device calls of at most 10 minutes, e.g. "tests ab", "layer profile", "compiled pmodel", "graphs host").
+# Needs the golden data (see gpu_check.sh).
 # 1. correctness of both kernel sets on the GPU (golden data, the op contract, stage shapes, mma vs FMA),
 # 2. pass by pass (forward, input gradient, weight gradients) at every stage shape: ab_kernels.py --mma, weights
 #    split into hi + lo operands and rounded once, level 1 synthesised by the base convolution or by its own launch,
@@ -38,5 +39,22 @@ if [[ "$what" == *layer* ]]; then
 fi
 if [[ "$what" == *profile* ]]; then
   step 60 profile_mma.txt "$py" benchmarks/profile_layer.py --shapes 0 1 2 3 --dtypes bf16 --mma
+fi
+# The compiled model (issue 15): ConvNeXt-T and WTConvNeXt-T compiled side by side (about 5.5 minutes), the compiled
+# WTConvNeXt step kernel by kernel (layout copies or clones around the fused op would show here), then with CUDA
+# graphs; and the host time per eager layer call (its compiled rows build four graphs: about 3 minutes).
+if [[ "$what" == *compiled* ]]; then
+  step 330 model_compiled.txt "$py" benchmarks/bench_model.py --sizes tiny --compiled-only --compile-amp-only \
+    --out "$out/model_compiled.json"
+fi
+if [[ "$what" == *pmodel* ]]; then
+  step 200 profile_model.txt "$py" benchmarks/profile_model.py --compile
+fi
+if [[ "$what" == *graphs* ]]; then
+  step 330 model_cudagraphs.txt "$py" benchmarks/bench_model.py --sizes tiny --compiled-only --compile-amp-only \
+    --compile-mode reduce-overhead --out "$out/model_cudagraphs.json"
+fi
+if [[ "$what" == *host* ]]; then
+  step 240 host.txt "$py" benchmarks/host_overhead.py --iters 100 --rounds 3 --out "$out/host.json"
 fi
 exit $rc
