@@ -3,6 +3,7 @@
     git show REV:wtconvnext/ops/triton_kernels.py > /tmp/base_kernels.py
     python benchmarks/ab_kernels.py --baseline /tmp/base_kernels.py [--dtypes bf16 fp32] [--out results/ab.json]
     python benchmarks/ab_kernels.py --mma [--split 0] [--syn1 0] [--dtypes bf16]  # FMA vs tensor-core kernels
+    python benchmarks/ab_kernels.py --tuning syn1=1 [--dtypes bf16]  # today's TUNING vs these launch settings
 
 For each WTConvNeXt-T stage shape and the high-resolution one, it times both versions' forward, input-gradient
 pass (the same with rotated kernels, on dy) and parameter gradients, each with the analyses of x or dy it needs,
@@ -12,6 +13,8 @@ v5 to v7 (``ll_pyramid`` / ``wtconv_forward`` / ``correlations`` / ``param_grads
 ``--mma`` compares the current kernels with themselves, the convolutions and weight gradients on the FMA kernels
 (baseline) and on the tensor cores (``wtconvnext/ops/mma_kernels.py``; ``--split 0``: single-rounded weights;
 ``--syn1 0``: level 1 synthesised by its own launch, not by the base convolution).
+``--tuning KEY=VALUE ...`` compares the current kernels with themselves, under today's ``TUNING`` (baseline) and
+with those entries changed (e.g. ``syn1=1``: the FMA base convolution synthesises level 1 itself).
 ``--check`` runs one small shape once, to check the script, not to time it (with ``--device cpu`` and
 ``TRITON_INTERPRET=1`` on a machine without a GPU).
 """
@@ -76,6 +79,32 @@ def _parts(mod: ModuleType, x, dy, params, k: int, levels: int):
     return {"fwd": fwd, "dx": dgrad, "wgrad": wgrad}
 
 
+def _tuning_overrides(ap: argparse.ArgumentParser, items: list[str]) -> dict[str, int]:
+    """``KEY=VALUE`` items as TUNING entries (known keys, integer values), or a usage error naming the bad one."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in current.TUNING or not value.lstrip("-").isdigit():
+            ap.error(f"--tuning {item!r}: expected KEY=INTEGER with KEY one of {sorted(current.TUNING)}")
+        out[key] = int(value)
+    return out
+
+
+def _tuned(fn, overrides: dict[str, int]):
+    """``fn`` run with ``current.TUNING`` changed by ``overrides`` (restored afterwards)."""
+
+    def run():
+        saved = dict(current.TUNING)
+        current.TUNING.update(overrides)
+        try:
+            return fn()
+        finally:
+            current.TUNING.clear()
+            current.TUNING.update(saved)
+
+    return run
+
+
 def _max_rel(a, b) -> float:
     if isinstance(a, (tuple, list)):
         return max(_max_rel(p, q) for p, q in zip(a, b))
@@ -90,14 +119,17 @@ def main(argv=None) -> int:
     ap.add_argument("--split", type=int, default=1, choices=[0, 1], help="--mma: weights as hi + lo operands")
     ap.add_argument("--syn1", type=int, default=1, choices=[0, 1],
                     help="--mma: the base convolution synthesises level 1 itself")
+    ap.add_argument("--tuning", nargs="+", metavar="KEY=VALUE",
+                    help="baseline: today's TUNING; current: with these entries changed")
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=list(DTYPES))
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--check", action="store_true", help="one small shape, run once: checks the script")
     args = ap.parse_args(argv)
-    if args.mma == bool(args.baseline):
-        ap.error("give either --baseline FILE or --mma")
-    base = current if args.mma else _load(args.baseline)
+    if args.mma + bool(args.baseline) + bool(args.tuning) != 1:
+        ap.error("give one of --baseline FILE, --mma or --tuning KEY=VALUE ...")
+    overrides = _tuning_overrides(ap, args.tuning or [])
+    base = _load(args.baseline) if args.baseline else current
     on_gpu = args.device == "cuda"
     if on_gpu and not torch.cuda.is_available():
         print("ab_kernels.py needs a CUDA GPU (or --check --device cpu with TRITON_INTERPRET=1)", file=sys.stderr)
@@ -117,6 +149,8 @@ def main(argv=None) -> int:
             if args.mma:
                 parts = [{name: mma_switched(fn, on, split=args.split, syn1=args.syn1) for name, fn in p.items()}
                          for p, on in zip(parts, (False, True))]
+            elif overrides:
+                parts[1] = {name: _tuned(fn, overrides) for name, fn in parts[1].items()}
             for part in ("fwd", "dx", "wgrad"):
                 results = [p[part]() for p in parts]  # also compiles outside the timing
                 diff = _max_rel(results[1], results[0])
@@ -133,8 +167,12 @@ def main(argv=None) -> int:
                 print(f"{dname:5} {f'{b},{c},{h},{w},{levels}':18} {part:6} {ms[0]:12.3f} {ms[1]:11.3f} "
                       f"{ms[0] / ms[1]:7.2f}x {diff:13.1e}", flush=True)
     if args.out:
-        what = dict(baseline="fma", current=f"mma split={args.split} syn1={args.syn1}") if args.mma else \
-            dict(baseline=args.baseline)
+        if args.mma:
+            what = dict(baseline="fma", current=f"mma split={args.split} syn1={args.syn1}")
+        elif overrides:
+            what = dict(baseline=f"TUNING {current.TUNING}", current=f"TUNING with {overrides}")
+        else:
+            what = dict(baseline=args.baseline)
         write_json(args.out, dict(env=gpu_env(**what) if on_gpu else {}, rows=rows))
     return 0
 

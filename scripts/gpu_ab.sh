@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # The kernel-model A/B of issue 14 (one or two GPU calls): FMA (explicit columns) vs tensor-core (mma) convolutions.
-#   bash scripts/gpu_ab.sh [OUTDIR] [tests] [ab] [layer] [profile] [compiled] [pmodel] [graphs] [host]
-# (default: the first four, into results/gpu_ab; about 4 + 5 + 2.5 + 1 minutes on an H200, then 5.5 + 3 + 5.5 + 3:
-# device calls of at most 10 minutes, e.g. "tests ab", "layer profile", "compiled pmodel", "graphs host").
+#   bash scripts/gpu_ab.sh [OUTDIR] [tests] [syn1] [abmma] [layer] [profile] [compiled] [pmodel] [graphs] [host]
+# (default: tests syn1 layer profile, into results/gpu_ab; about 4, 2, 5, 2.5, 1, 5.5, 3, 5.5 and 3 minutes on an
+# H200: device calls of at most 10 minutes, e.g. "compiled pmodel", "tests syn1 layer", "graphs host").
 # Needs the golden data (see gpu_check.sh).
 # 1. correctness of both kernel sets on the GPU (golden data, the op contract, stage shapes, mma vs FMA),
-# 2. pass by pass (forward, input gradient, weight gradients) at every stage shape: ab_kernels.py --mma, weights
-#    split into hi + lo operands and rounded once, level 1 synthesised by the base convolution or by its own launch,
+# 2. pass by pass (forward, input gradient, weight gradients) at every stage shape: "syn1", the FMA base convolution
+#    synthesising level 1 itself against today's launches; "abmma", FMA vs tensor-core kernels (ab_kernels.py --mma),
+#    weights split into hi + lo operands and rounded once, level 1 synthesised by the base convolution or not,
 # 3. the layer table with both (bench_layer.py --quick --dtypes bf16: rows wtconv_triton_cl_fma / _mma / _mma1),
-# 4. per-kernel CUDA time of the mma layer at every stage (profile_layer.py --mma).
+# 4. per-kernel CUDA time of the FMA and the mma layer at every stage (profile_layer.py --cl / --mma).
 # Each step has its own time limit and writes under OUTDIR as it goes, so a cut call keeps what ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-results/gpu_ab}"
 shift || true
-what="${*:-tests ab layer profile}"
+what="${*:-tests syn1 layer profile}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
@@ -27,9 +28,12 @@ step() {  # step SECONDS LOG command...
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
 if [[ "$what" == *tests* ]]; then
   step 240 tests.log "$py" -m pytest -q -rf --tb=short tests/test_ops_triton.py tests/gpu/test_gpu.py \
-    -k "mma or golden or dtypes or low_precision or deterministic or fast_launch"
+    -k "mma or golden or dtypes or low_precision or deterministic or fast_launch or synthesising or compile_fullgraph"
 fi
-if [[ "$what" == *ab* ]]; then
+if [[ "$what" == *syn1* ]]; then  # the FMA base convolution synthesising level 1 itself, against today's launches
+  step 150 ab_syn1.txt "$py" benchmarks/ab_kernels.py --tuning syn1=1 --dtypes bf16 fp32 --out "$out/ab_syn1.json"
+fi
+if [[ "$what" == *abmma* ]]; then
   step 120 ab_mma.txt "$py" benchmarks/ab_kernels.py --mma --dtypes bf16 --out "$out/ab_mma.json"
   step 90 ab_mma_split0.txt "$py" benchmarks/ab_kernels.py --mma --split 0 --dtypes bf16 --out "$out/ab_mma_split0.json"
   step 90 ab_mma_syn0.txt "$py" benchmarks/ab_kernels.py --mma --syn1 0 --dtypes bf16 --out "$out/ab_mma_syn0.json"
@@ -38,6 +42,7 @@ if [[ "$what" == *layer* ]]; then
   step 150 layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --out "$out/layer.json"
 fi
 if [[ "$what" == *profile* ]]; then
+  step 60 profile_fma.txt "$py" benchmarks/profile_layer.py --shapes 0 1 2 3 --dtypes bf16 --cl
   step 60 profile_mma.txt "$py" benchmarks/profile_layer.py --shapes 0 1 2 3 --dtypes bf16 --mma
 fi
 # The compiled model (issue 15): ConvNeXt-T and WTConvNeXt-T compiled side by side (about 5.5 minutes), the compiled

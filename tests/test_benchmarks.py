@@ -66,6 +66,20 @@ def test_ab_kernels_mma_mode(tmp_path: Path) -> None:
         ab_kernels.main(["--device", "cpu", "--check"])  # neither --baseline nor --mma
 
 
+def test_ab_kernels_tuning_mode(tmp_path: Path) -> None:
+    """--tuning syn1=1: today's launch settings against the base convolution synthesising level 1 itself, the same
+    results to fp32 rounding; an unknown key is a usage error naming the keys."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = tmp_path / "tuning.json"
+    assert ab_kernels.main(["--tuning", "syn1=1", "--dtypes", "fp32", "--device", device, "--check",
+                            "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["part"] for r in rows] == ["fwd", "dx", "wgrad"]
+    assert all(r["max_rel_diff"] <= 1e-5 for r in rows), rows
+    with pytest.raises(SystemExit):
+        ab_kernels.main(["--tuning", "nonsense=1", "--device", "cpu", "--check"])
+
+
 def test_ab_kernels_rejects_a_missing_baseline(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no such file"):
         ab_kernels.main(["--baseline", str(tmp_path / "nope.py"), "--device", "cpu", "--check"])

@@ -113,6 +113,11 @@ SHAPES = [
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}C{}H{}W{}K{}L{}s{}b{}".format(*s))
 def test_random_shapes_float64(shape):
+    _float64_matches_reference(shape)
+
+
+def _float64_matches_reference(shape) -> None:
+    """Output and every gradient of the fused op within 1e-10 of the reference's, in float64."""
     b, c, h, w, k, levels, stride, bias = shape
     params = _params(c, k, levels, bias, torch.float64)
     x = torch.randn(b, c, h, w, dtype=torch.float64, device=DEVICE)
@@ -313,7 +318,9 @@ def test_coefficients_are_the_haar_subbands(dtype):
 @pytest.mark.parametrize("tuning", [
     dict(conv_bw=1, conv_bc=2, wgrad_bw=2, wgrad_bc=2, wgrad_imgs=1, patch_chunk=1, patch_bc=2),
     dict(conv_bw=11, conv_bc=16, wgrad_bw=9, wgrad_bc=16, wgrad_imgs=3, patch_chunk=256, patch_bc=4),
-], ids=["tiny-tiles", "large-tiles"])
+    dict(conv_bw=2, conv_bc=2, syn1=1),  # level 1 synthesised by the base convolution, strips of one 2 x 2 block
+    dict(conv_bw=11, syn1=1),  # an odd strip width: syn1 does not apply, the synthesis launch does level 1
+], ids=["tiny-tiles", "large-tiles", "syn1-narrow", "syn1-odd-strips"])
 def test_launch_shapes_do_not_change_results(tuning, monkeypatch):
     """Column strips, channel blocks, image groups and patch chunks that split maps, images and channels
     unevenly (and strips wider than the maps)."""
@@ -327,6 +334,37 @@ def test_launch_shapes_do_not_change_results(tuning, monkeypatch):
     out, _ = _run(x, params, stride, "triton", dy)
     for name, r, o in zip(NAMES, ref, out):
         assert _max_rel(o, r) <= 1e-10, name
+
+
+def _spy_launches(monkeypatch) -> list[str]:
+    """The names of the kernels launched from now on (until the test ends), in order."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    names: list[str] = []
+    launch = tk._launch
+
+    def spy(fn, *args, **kwargs):
+        names.append(fn.__name__)
+        return launch(fn, *args, **kwargs)
+
+    monkeypatch.setattr(tk, "_launch", spy)
+    return names
+
+
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[4], SHAPES[5], SHAPES[6], SHAPES[7]],
+                         ids=["L2", "7x7", "L6", "s2", "s3odd", "1x1"])
+def test_base_convolution_synthesising_level1(shape, monkeypatch):
+    """TUNING syn1=1: the explicit-column base convolution adds level 1's inverse Haar step itself (the synthesis
+    launches start at level 2), in float64 as exact as the separate launch, for odd maps, strides and more levels
+    than the map halves."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "syn1": 1})
+    names = _spy_launches(monkeypatch)
+    _float64_matches_reference(shape)
+    levels = shape[5]
+    # Forward and input gradient: one synthesis launch per chunk of levels 2.. (none for one level).
+    assert names.count("_synthesis_kernel") == 2 * len(tk._chunks(levels, 2)), names
 
 
 def test_tuning_file(tmp_path, monkeypatch):
@@ -427,18 +465,9 @@ MMA_SHAPES = [
 def mma_launches(monkeypatch):
     """The tensor-core kernels switched on; yields the names of the kernels launched."""
     from wtconvnext.ops import mma_kernels as mk
-    from wtconvnext.ops import triton_kernels as tk
 
     monkeypatch.setattr(mk, "ENABLED", True)
-    names: list[str] = []
-    launch = tk._launch
-
-    def spy(fn, *args, **kwargs):
-        names.append(fn.__name__)
-        return launch(fn, *args, **kwargs)
-
-    monkeypatch.setattr(tk, "_launch", spy)
-    return names
+    return _spy_launches(monkeypatch)
 
 
 def _low_precision_check(shape, dtype):

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_kernels import _level_of, _round, level_sizes
+from .triton_kernels import _haar_pair_at, _level_of, _round, level_sizes
 
 __all__ = ["MMA_TUNING", "mma_applies", "mma_programs", "mma_level_programs", "operand_dtype"]
 
@@ -200,23 +200,10 @@ def _mma_conv_kernel(
 
 @triton.jit
 def _haar_synthesis_at(tp, a2p, o, right, om, CC: tl.constexpr, HAS_ACC2: tl.constexpr):
-    """acc_1 at full-resolution row ``o`` (fp32): the inverse Haar step of level 1's filtered subbands at ``tp``
-    (the row's (B, h_1, w_1, 4, CC) positions; + acc_2 at ``a2p`` on the low-pass), as _synthesis_level computes
-    it, picked by the row's parity and the columns' (``right``: odd columns)."""
-    t0 = tl.load(tp, mask=om, other=0.0).to(tl.float32)
-    t1 = tl.load(tp + CC, mask=om, other=0.0).to(tl.float32)
-    t2 = tl.load(tp + 2 * CC, mask=om, other=0.0).to(tl.float32)
-    t3 = tl.load(tp + 3 * CC, mask=om, other=0.0).to(tl.float32)
-    if HAS_ACC2:
-        # t carries the synthesis 1/2 (folded into the weights); the coarser levels' sum needs it too.
-        t0 += 0.5 * tl.load(a2p, mask=om, other=0.0).to(tl.float32)
-    if o % 2 == 0:  # top row of the 2 x 2 block
-        ab = t0 + t1
-        cd = t2 + t3
-    else:
-        ab = t0 - t1
-        cd = t2 - t3
-    return tl.where(right, ab - cd, ab + cd)
+    """acc_1 at full-resolution row ``o`` (fp32), each output slot from its own 2 x 2 block (``right``: odd
+    columns): :func:`_haar_pair_at` of level 1's filtered subbands at ``tp`` (+ acc_2 at ``a2p``)."""
+    left, rgt = _haar_pair_at(tp, a2p, o, om, CC, HAS_ACC2, tl.float32)
+    return tl.where(right, rgt, left)
 
 
 @triton.jit

@@ -98,17 +98,21 @@ def _level_of(pid, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr, CC: tl
 @triton.jit
 def _conv_kernel(
     x_ptr,  # (B, H, W, CC) dense; LEVELS > 0: the flat coefficient buffer, level i (B, h_i, w_i, CC) after level i-1
-    acc_ptr,  # (B, H, W, CC) added to the output (HAS_ACC)
+    acc_ptr,  # (B, H, W, CC) added to the output (HAS_ACC); SYN1: level 1's filtered subbands (B, h_1, w_1, 4, CC)
+    acc2_ptr,  # SYN1 and HAS_ACC2: acc_2 (B, h_1, w_1, CC), the coarser levels' synthesis, from element acc2_off
     y_ptr,  # (B, ceil(H / STRIDE), ceil(W / STRIDE), CC); LEVELS > 0: a buffer laid out as x_ptr's
     w_ptr,  # (K, K, CC) taps-major; LEVELS > 0: (L, K, K, CC)
     b_ptr,  # (CC,) (HAS_BIAS)
-    H, W, B,
+    acc2_off, H, W, B,
     CC: tl.constexpr, K: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
     STRIDE: tl.constexpr, HAS_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, FLIP: tl.constexpr,
-    COMPUTE: tl.constexpr,
+    COMPUTE: tl.constexpr, SYN1: tl.constexpr, HAS_ACC2: tl.constexpr,
 ):
     """Depthwise K x K convolution, 'same' zero padding: of one map (LEVELS = 0), or of every level's subbands in
-    one launch (LEVELS = L: the program finds its level). FLIP rotates the kernel by 180 degrees."""
+    one launch (LEVELS = L: the program finds its level). FLIP rotates the kernel by 180 degrees. SYN1 (with
+    HAS_ACC, BW even): the base convolution adds level 1's inverse Haar step itself, from the filtered subbands
+    (and acc_2 on their low-pass), instead of reading a synthesised acc_1: one full-resolution map less written
+    and read, a butterfly per 2 x 2 block more."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
     pid = tl.program_id(0)
@@ -152,6 +156,19 @@ def _conv_kernel(
     ho = (h + STRIDE - 1) // STRIDE
     ors = tl.cast((w + STRIDE - 1) // STRIDE * CC, tl.int64)
     yb = yb0 + b * ho * ors + cc
+    if SYN1:
+        # Level 1's positions under this program's column pairs (row 0): BW is even, so pairs are 2 x 2 blocks.
+        w1 = (w + 1) // 2
+        s1 = (b * ((h + 1) // 2) * w1 + n0 // 2) * CC
+        t1p = acc_ptr + s1 * 4 + cc
+        a2p = acc2_ptr + tl.cast(acc2_off, tl.int64) + s1 + cc
+        rs1 = tl.cast(w1 * CC, tl.int64)
+    else:
+        t1p = ab
+        a2p = ab
+        rs1 = rs
+    if not HAS_BIAS:
+        bias = tl.zeros((BC,), dtype=COMPUTE)
     acc = ()
     for _ in tl.static_range(K * BW):
         acc = acc + (tl.zeros((BC,), dtype=COMPUTE),)
@@ -159,43 +176,118 @@ def _conv_kernel(
     nxt = ()
     for i in tl.static_range(NI):
         nxt = nxt + (tl.load(xb - PAD * rs + (i - PAD) * CC, mask=inm[i] & (PAD == 0) & (h > 0), other=0.0),)
-    for r in range(-PAD, h + PAD):
-        cur = nxt
-        r1 = r + 1
-        p = xb + r1 * rs
-        nxt = ()
-        for i in tl.static_range(NI):
+    # Rows -PAD .. h+PAD-1 in three loops: the rows in the middle, whose next row exists and which complete an
+    # output row, without the row tests (in each load's mask and around the stores) that the edges need.
+    mid = tl.maximum(h - 1, PAD)
+    for r in range(-PAD, PAD):
+        acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
+                             CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True)
+    for r in range(PAD, mid):
+        acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
+                             CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, False)
+    for r in range(mid, h + PAD):
+        acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
+                             CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True)
+
+
+@triton.jit
+def _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
+              CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.constexpr, HAS_ACC: tl.constexpr,
+              HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr,
+              HAS_ACC2: tl.constexpr, EDGE: tl.constexpr):
+    """Input row r of _conv_kernel: the next row's load, the row's multiply-adds into the K x BW rolling
+    accumulators, and output row r - PAD's store. EDGE: the next row may not exist and the output row may not
+    either (rows -PAD .. PAD-1 and the last PAD + 1); else neither is tested."""
+    PAD: tl.constexpr = K // 2
+    NI: tl.constexpr = BW + K - 1
+    cur = nxt
+    r1 = r + 1
+    p = xb + r1 * rs
+    nxt = ()
+    for i in tl.static_range(NI):
+        if EDGE:
             nxt = nxt + (tl.load(p + (i - PAD) * CC, mask=inm[i] & (r1 >= 0) & (r1 < h), other=0.0),)
-        for i in tl.static_range(NI):
-            v = cur[i].to(COMPUTE)
-            new = ()
-            for j in tl.static_range(K):  # slot j: output row r - PAD + j, reached through tap row K - 1 - j
-                for q in tl.static_range(BW):
-                    if (i - q >= 0) and (i - q < K):
-                        if FLIP:
-                            wv = wts[j * K + (K - 1 - (i - q))]
-                        else:
-                            wv = wts[(K - 1 - j) * K + (i - q)]
-                        new = new + (acc[j * BW + q] + wv * v,)
-                    else:
-                        new = new + (acc[j * BW + q],)
-            acc = new
-        o = r - PAD
-        if (o >= 0) & (o % STRIDE == 0):
-            yo = yb + (o // STRIDE) * ors
-            for q in tl.static_range(BW):
-                out = acc[q]
-                if HAS_BIAS:
-                    out += bias
-                if HAS_ACC:
-                    out += tl.load(ab + o * rs + q * CC, mask=outm[q], other=0.0).to(COMPUTE)
-                tl.store(yo + ((n0 + q) // STRIDE) * CC, out.to(y_ptr.dtype.element_ty), mask=outm[q])
+        else:
+            nxt = nxt + (tl.load(p + (i - PAD) * CC, mask=inm[i], other=0.0),)
+    for i in tl.static_range(NI):
+        v = cur[i].to(COMPUTE)
         new = ()
-        for s in tl.static_range(BW, K * BW):
-            new = new + (acc[s],)
-        for _ in tl.static_range(BW):
-            new = new + (tl.zeros((BC,), dtype=COMPUTE),)
+        for j in tl.static_range(K):  # slot j: output row r - PAD + j, reached through tap row K - 1 - j
+            for q in tl.static_range(BW):
+                if (i - q >= 0) and (i - q < K):
+                    if FLIP:
+                        wv = wts[j * K + (K - 1 - (i - q))]
+                    else:
+                        wv = wts[(K - 1 - j) * K + (i - q)]
+                    new = new + (acc[j * BW + q] + wv * v,)
+                else:
+                    new = new + (acc[j * BW + q],)
         acc = new
+    o = r - PAD
+    if EDGE:
+        if (o >= 0) & (o % STRIDE == 0):
+            _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask,
+                        CC, BW, STRIDE, HAS_ACC, HAS_BIAS, COMPUTE, SYN1, HAS_ACC2)
+    elif STRIDE > 1:
+        if o % STRIDE == 0:
+            _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask,
+                        CC, BW, STRIDE, HAS_ACC, HAS_BIAS, COMPUTE, SYN1, HAS_ACC2)
+    else:
+        _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask,
+                    CC, BW, STRIDE, HAS_ACC, HAS_BIAS, COMPUTE, SYN1, HAS_ACC2)
+    new = ()
+    for s in tl.static_range(BW, K * BW):
+        new = new + (acc[s],)
+    for _ in tl.static_range(BW):
+        new = new + (tl.zeros_like(acc[0]),)
+    return new, nxt
+
+
+@triton.jit
+def _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask,
+                CC: tl.constexpr, BW: tl.constexpr, STRIDE: tl.constexpr, HAS_ACC: tl.constexpr,
+                HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr, HAS_ACC2: tl.constexpr):
+    """Output row o of _conv_kernel (the first BW accumulators), with the bias and acc_1 (read, or synthesised
+    from level 1's subbands: SYN1) added."""
+    yo = yb + (o // STRIDE) * ors
+    if SYN1:
+        r1_ = (o // 2) * rs1
+        syn = ()
+        for pq in tl.static_range(BW // 2):  # one block's subbands serve both its columns
+            left, right = _haar_pair_at(t1p + 4 * (r1_ + pq * CC), a2p + r1_ + pq * CC, o,
+                                        cmask & (n0 + 2 * pq < w), CC, HAS_ACC2, COMPUTE)
+            syn = syn + (left, right)
+    for q in tl.static_range(BW):
+        out = acc[q]
+        if HAS_BIAS:
+            out += bias
+        if HAS_ACC:
+            if SYN1:
+                out += syn[q]
+            else:
+                out += tl.load(ab + o * rs + q * CC, mask=outm[q], other=0.0).to(COMPUTE)
+        tl.store(yo + ((n0 + q) // STRIDE) * CC, out.to(yb.dtype.element_ty), mask=outm[q])
+
+
+@triton.jit
+def _haar_pair_at(tp, a2p, o, m, CC: tl.constexpr, HAS_ACC2: tl.constexpr, COMPUTE: tl.constexpr):
+    """acc_1 at full-resolution row ``o`` in the two columns of one 2 x 2 block (left, right), in COMPUTE: the
+    inverse Haar step of level 1's filtered subbands at ``tp`` (the block's (4, CC) values; + acc_2 at ``a2p`` on
+    the low-pass), as _synthesis_level computes it, picked by the row's parity."""
+    t0 = tl.load(tp, mask=m, other=0.0).to(COMPUTE)
+    t1 = tl.load(tp + CC, mask=m, other=0.0).to(COMPUTE)
+    t2 = tl.load(tp + 2 * CC, mask=m, other=0.0).to(COMPUTE)
+    t3 = tl.load(tp + 3 * CC, mask=m, other=0.0).to(COMPUTE)
+    if HAS_ACC2:
+        # t carries the synthesis 1/2 (folded into the weights); the coarser levels' sum needs it too.
+        t0 += 0.5 * tl.load(a2p, mask=m, other=0.0).to(COMPUTE)
+    if o % 2 == 0:  # top row of the 2 x 2 block
+        ab = t0 + t1
+        cd = t2 + t3
+    else:
+        ab = t0 - t1
+        cd = t2 - t3
+    return ab + cd, ab - cd
 
 
 @triton.jit
@@ -621,7 +713,11 @@ TUNING: dict[str, int] = {
     "conv_bw": 4, "conv_bc": 32, "conv_warps": 1,
     "wgrad_bw": 7, "wgrad_bc": 64, "wgrad_warps": 2, "wgrad_imgs": 4,
     "patch_chunk": 64, "patch_bc": 32, "patch_warps": 4,
+    # 1: the FMA base convolution synthesises level 1 itself (needs an even conv_bw), as the tensor-core one does
+    # by default; off until a GPU A/B (ab_kernels.py --syn1) decides.
+    "syn1": 0,
 }
+_FLAG_KEYS = ("syn1",)  # 0 or 1, not sizes
 _POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc")
 
 def _tuning_from_env() -> None:
@@ -634,7 +730,9 @@ def _tuning_from_env() -> None:
         raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: cannot read a JSON object of launch shapes ({e})") from e
     if not isinstance(values, dict):
         raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: expected a JSON object of launch shapes")
-    bad = {k: v for k, v in values.items() if k not in TUNING or not isinstance(v, int) or v < 1}
+    bad = {k: v for k, v in values.items()
+           if k not in TUNING or not isinstance(v, int) or v < (0 if k in _FLAG_KEYS else 1) or
+           (k in _FLAG_KEYS and v > 1)}
     if bad:
         raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: unknown keys or non-positive values {bad}; "
                            f"expected positive integers for {sorted(TUNING)}")
@@ -876,7 +974,10 @@ def wtconv_forward(
     compute = _compute_dtype(x.dtype)
     # The tensor-core base convolution does level 1's synthesis itself (from the filtered subbands and acc_2): one
     # full-resolution map less written and read, and the synthesis launches start at level 2.
-    syn1 = _mma.mma_applies(x.dtype, k) and bool(_mma.MMA_TUNING["syn1"])
+    if _mma.mma_applies(x.dtype, k):
+        syn1 = bool(_mma.MMA_TUNING["syn1"])
+    else:
+        syn1 = bool(TUNING["syn1"]) and TUNING["conv_bw"] % 2 == 0
     acc: Optional[Tensor] = None
     acc2: Optional[Tensor] = None
     acc2_off = 0
@@ -913,8 +1014,8 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
                  acc2: Optional[Tensor] = None, acc2_off: int = 0) -> None:
     """One launch of the depthwise convolutions (``levels`` = 0: the base map; else every level's subbands): on
     the tensor cores for bf16 / fp16 inputs when they apply (``mma_kernels``), else the explicit-column kernel.
-    ``syn1`` (tensor cores only): ``acc`` is level 1's filtered subbands and ``acc2`` (from element ``acc2_off``,
-    when given) acc_2, synthesised into the base convolution's output."""
+    ``syn1``: ``acc`` is level 1's filtered subbands and ``acc2`` (from element ``acc2_off``, when given) acc_2,
+    synthesised into the base convolution's output (the explicit-column kernel: with an even strip width)."""
     if _mma.mma_applies(x.dtype, k):
         t = _mma.MMA_TUNING
         programs = _mma.mma_level_programs(h, w, levels, k, bsz) if levels else _mma.mma_programs(w, k, bsz)
@@ -931,9 +1032,9 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
     bc = _block_c(cc, TUNING["conv_bc"])
     programs = _level_programs(h, w, levels, bw, bsz) if levels else bsz * _cdiv(w, bw)
     _launch(
-        _conv_kernel, (programs, _cdiv(cc, bc)), (x, acc, y, wts, bias, h, w, bsz), TUNING["conv_warps"],
-        CC=cc, K=k, LEVELS=levels, BW=bw, BC=bc, STRIDE=stride, HAS_ACC=has_acc, HAS_BIAS=has_bias, FLIP=flip,
-        COMPUTE=_compute_dtype(x.dtype),
+        _conv_kernel, (programs, _cdiv(cc, bc)),
+        (x, acc, x if acc2 is None else acc2, y, wts, bias, acc2_off, h, w, bsz), TUNING["conv_warps"], CC=cc, K=k, LEVELS=levels, BW=bw, BC=bc, STRIDE=stride, HAS_ACC=has_acc,
+        HAS_BIAS=has_bias, FLIP=flip, COMPUTE=_compute_dtype(x.dtype), SYN1=syn1, HAS_ACC2=acc2 is not None,
     )
 
 
