@@ -29,15 +29,17 @@ def _cases():
             dict(C=96, NL=nl, M=m, HAS_ACC=nl == 2, BC=32, CHUNK=64, COMPUTE=fp)
     conv = dict(x_ptr=bf16, acc_ptr=bf16, acc2_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32, W=i32,
                 B=i32)
-    no_syn = dict(SYN1=False, HAS_ACC2=False)
-    yield tk._conv_kernel, conv, dict(CC=384, K=5, LEVELS=5, BW=4, BC=32, STRIDE=1, HAS_ACC=False, HAS_BIAS=False,
-                                      FLIP=True, COMPUTE=fp, **no_syn)
+    no_syn = dict(SYN1=False, HAS_ACC2=False, UNROLL=False)
+    for unroll in (False, True):
+        yield tk._conv_kernel, conv, dict(CC=384, K=5, LEVELS=5, BW=4, BC=32, STRIDE=1, HAS_ACC=False,
+                                          HAS_BIAS=False, FLIP=True, COMPUTE=fp, **{**no_syn, "UNROLL": unroll})
     for k, stride in ((5, 1), (3, 2), (7, 1)):
         yield tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=4, BC=32, STRIDE=stride, HAS_ACC=True,
-                                          HAS_BIAS=True, FLIP=False, COMPUTE=fp, **no_syn)
+                                          HAS_BIAS=True, FLIP=False, COMPUTE=fp, **{**no_syn, "UNROLL": k == 7})
     for acc2, stride in ((True, 1), (False, 2)):  # the base convolution synthesising level 1 itself
         yield tk._conv_kernel, conv, dict(CC=96, K=5, LEVELS=0, BW=4, BC=32, STRIDE=stride, HAS_ACC=True,
-                                          HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=True, HAS_ACC2=acc2)
+                                          HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=True, HAS_ACC2=acc2,
+                                          UNROLL=acc2)
     wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32)
     yield tk._wgrad_kernel, wg, dict(CC=96, K=5, TP=32, LEVELS=0, BW=7, BC=32, DSUM=True, COMPUTE=fp)
     yield tk._wgrad_kernel, wg, dict(CC=384, K=5, TP=32, LEVELS=4, BW=7, BC=64, DSUM=False, COMPUTE=fp)
@@ -50,7 +52,7 @@ def _cases():
     for levels in (0, 2):
         yield tk._conv_kernel, dict(x_ptr=bf16, acc_ptr=bf16, acc2_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32), \
             dict(acc2_off=1, H=1, W=1, B=1, CC=96, K=5, LEVELS=levels, BW=4, BC=32, STRIDE=1, HAS_ACC=True,
-                 HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=levels == 0, HAS_ACC2=levels == 0)
+                 HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=levels == 0, HAS_ACC2=levels == 0, UNROLL=True)
         yield tk._wgrad_kernel, dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32), \
             dict(H=1, W=1, B=1, IMGS=1, CC=96, K=5, TP=32, LEVELS=levels, BW=7, BC=32, DSUM=True, COMPUTE=fp)
     params = dict(w_ptr=f32, b_ptr=f32, bs_ptr=f32, ww_ptr=f32, ws_ptr=f32)

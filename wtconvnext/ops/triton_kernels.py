@@ -106,10 +106,11 @@ def _conv_kernel(
     acc2_off, H, W, B,
     CC: tl.constexpr, K: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
     STRIDE: tl.constexpr, HAS_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, FLIP: tl.constexpr,
-    COMPUTE: tl.constexpr, SYN1: tl.constexpr, HAS_ACC2: tl.constexpr,
+    COMPUTE: tl.constexpr, SYN1: tl.constexpr, HAS_ACC2: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """Depthwise K x K convolution, 'same' zero padding: of one map (LEVELS = 0), or of every level's subbands in
-    one launch (LEVELS = L: the program finds its level). FLIP rotates the kernel by 180 degrees. SYN1 (with
+    one launch (LEVELS = L: the program finds its level). FLIP rotates the kernel by 180 degrees. UNROLL: the
+    middle rows in unrolled blocks of K. SYN1 (with
     HAS_ACC, BW even): the base convolution adds level 1's inverse Haar step itself, from the filtered subbands
     (and acc_2 on their low-pass), instead of reading a synthesised acc_1: one full-resolution map less written
     and read, a butterfly per 2 x 2 block more."""
@@ -182,7 +183,17 @@ def _conv_kernel(
     for r in range(-PAD, PAD):
         acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
                              CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True)
-    for r in range(PAD, mid):
+    rows = PAD
+    if UNROLL:
+        # The middle rows K at a time, unrolled: after K rows the accumulators' rotation is back where it started,
+        # so the loop carries them without register moves.
+        for r0 in range(PAD, mid - K + 1, K):
+            for u in tl.static_range(K):
+                acc, nxt = _conv_row(acc, nxt, r0 + u, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
+                                     t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
+                                     HAS_ACC2, False)
+        rows = PAD + (mid - PAD) // K * K
+    for r in range(rows, mid):
         acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
                              CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, False)
     for r in range(mid, h + PAD):
@@ -713,11 +724,13 @@ TUNING: dict[str, int] = {
     "conv_bw": 4, "conv_bc": 32, "conv_warps": 1,
     "wgrad_bw": 7, "wgrad_bc": 64, "wgrad_warps": 2, "wgrad_imgs": 4,
     "patch_chunk": 64, "patch_bc": 32, "patch_warps": 4,
-    # 1: the FMA base convolution synthesises level 1 itself (needs an even conv_bw), as the tensor-core one does
-    # by default; off until a GPU A/B (ab_kernels.py --syn1) decides.
-    "syn1": 0,
+    # syn1 = 1: the FMA base convolution synthesises level 1 itself (needs an even conv_bw), as the tensor-core
+    # one does by default; conv_unroll = 1: the convolutions' middle rows in unrolled blocks of K (no register
+    # moves for the rolling accumulators, K times the loop's code). Both off until a GPU A/B
+    # (ab_kernels.py --tuning) decides.
+    "syn1": 0, "conv_unroll": 0,
 }
-_FLAG_KEYS = ("syn1",)  # 0 or 1, not sizes
+_FLAG_KEYS = ("syn1", "conv_unroll")  # 0 or 1, not sizes
 _POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc")
 
 def _tuning_from_env() -> None:
@@ -1035,6 +1048,7 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
         _conv_kernel, (programs, _cdiv(cc, bc)),
         (x, acc, x if acc2 is None else acc2, y, wts, bias, acc2_off, h, w, bsz), TUNING["conv_warps"], CC=cc, K=k, LEVELS=levels, BW=bw, BC=bc, STRIDE=stride, HAS_ACC=has_acc,
         HAS_BIAS=has_bias, FLIP=flip, COMPUTE=_compute_dtype(x.dtype), SYN1=syn1, HAS_ACC2=acc2 is not None,
+        UNROLL=bool(TUNING["conv_unroll"]),
     )
 
 
