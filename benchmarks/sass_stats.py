@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import compile_sm90, write_json  # noqa: E402
 
-KERNELS = ["conv_base", "conv_base_syn1", "conv_base_unroll", "conv_levels", "conv_levels_unroll", "dx_base", "wgrad_base", "wgrad_levels", "wgrad_levels_fp32",
+KERNELS = ["conv_base", "conv_base_syn1", "conv_base_unroll", "conv_levels", "conv_levels_unroll", "dx_base",
+           "wgrad_base", "wgrad_levels", "wgrad_levels_unroll", "wgrad_levels_fp32",
            "mma_conv_base", "mma_conv_base_syn1", "mma_conv_levels", "mma_wgrad_base", "mma_wgrad_levels"]
 _INSTR = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[.\s]")
 _BRANCH = re.compile(r"BRA\s+`?\((\.L_x_\d+)\)")
@@ -65,7 +66,7 @@ def _case(name: str, ch: int, dtype: str):
         return tk._conv_kernel, sig, const, tun["conv_warps"]
     sig = dict(x_ptr=x, g_ptr=x, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32)
     const = dict(CC=cc, K=5, TP=32, LEVELS=levels, BW=tun["wgrad_bw"], BC=tk._block_c(cc, tun["wgrad_bc"]),
-                 DSUM=not levels, COMPUTE=fp)
+                 DSUM=not levels, COMPUTE=fp, UNROLL=name.endswith("unroll"))
     return tk._wgrad_kernel, sig, const, tun["wgrad_warps"]
 
 

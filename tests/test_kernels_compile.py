@@ -41,8 +41,11 @@ def _cases():
                                           HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=True, HAS_ACC2=acc2,
                                           UNROLL=acc2)
     wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32)
-    yield tk._wgrad_kernel, wg, dict(CC=96, K=5, TP=32, LEVELS=0, BW=7, BC=32, DSUM=True, COMPUTE=fp)
-    yield tk._wgrad_kernel, wg, dict(CC=384, K=5, TP=32, LEVELS=4, BW=7, BC=64, DSUM=False, COMPUTE=fp)
+    for unroll in (False, True):
+        yield tk._wgrad_kernel, wg, dict(CC=96, K=5, TP=32, LEVELS=0, BW=7, BC=32, DSUM=True, COMPUTE=fp,
+                                         UNROLL=unroll)
+        yield tk._wgrad_kernel, wg, dict(CC=384, K=5, TP=32, LEVELS=4, BW=7, BC=64, DSUM=False, COMPUTE=fp,
+                                         UNROLL=unroll)
     # Triton specialises an int argument equal to 1 as a constant: every kernel must compile with them all 1.
     one = dict(H0=1, W0=1, B=1, PATCHES_W=1, PATCHES=1)
     yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16, src_off=i32, coef_off=i32), \
@@ -54,7 +57,8 @@ def _cases():
             dict(acc2_off=1, H=1, W=1, B=1, CC=96, K=5, LEVELS=levels, BW=4, BC=32, STRIDE=1, HAS_ACC=True,
                  HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=levels == 0, HAS_ACC2=levels == 0, UNROLL=True)
         yield tk._wgrad_kernel, dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32), \
-            dict(H=1, W=1, B=1, IMGS=1, CC=96, K=5, TP=32, LEVELS=levels, BW=7, BC=32, DSUM=True, COMPUTE=fp)
+            dict(H=1, W=1, B=1, IMGS=1, CC=96, K=5, TP=32, LEVELS=levels, BW=7, BC=32, DSUM=True, COMPUTE=fp,
+                 UNROLL=levels == 0)
     params = dict(w_ptr=f32, b_ptr=f32, bs_ptr=f32, ww_ptr=f32, ws_ptr=f32)
     grads = dict(dw_ptr=f32, db_ptr=f32, dbs_ptr=f32, dww_ptr=f32, dws_ptr=f32)
     ints = dict(R0=i32, H=i32, W=i32, B=i32, IMGS=i32)

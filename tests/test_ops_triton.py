@@ -319,7 +319,8 @@ def test_coefficients_are_the_haar_subbands(dtype):
     dict(conv_bw=1, conv_bc=2, wgrad_bw=2, wgrad_bc=2, wgrad_imgs=1, patch_chunk=1, patch_bc=2),
     dict(conv_bw=11, conv_bc=16, wgrad_bw=9, wgrad_bc=16, wgrad_imgs=3, patch_chunk=256, patch_bc=4),
     dict(conv_bw=2, conv_bc=2, syn1=1),  # level 1 synthesised by the base convolution, strips of one 2 x 2 block
-    dict(conv_bw=11, syn1=1, conv_unroll=1),  # odd strips: syn1 does not apply, the synthesis launch does level 1
+    # Odd strips: syn1 does not apply, the synthesis launch does level 1.
+    dict(conv_bw=11, wgrad_bw=9, syn1=1, conv_unroll=1, wgrad_unroll=1),
 ], ids=["tiny-tiles", "large-tiles", "syn1-narrow", "syn1-odd-strips-unrolled"])
 def test_launch_shapes_do_not_change_results(tuning, monkeypatch):
     """Column strips, channel blocks, image groups and patch chunks that split maps, images and channels
@@ -368,12 +369,13 @@ def test_base_convolution_synthesising_level1(shape, monkeypatch):
 
 
 @pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[2], SHAPES[5], SHAPES[9]], ids=["K3", "K7", "s2", "K11"])
-def test_convolution_rows_unrolled(shape, monkeypatch):
-    """TUNING conv_unroll=1: the convolutions' middle rows in unrolled blocks of K, the leftover rows one at a time
-    (maps from 1 x 1 up to 23 rows), as exact as one row per iteration."""
+def test_rows_unrolled(shape, monkeypatch):
+    """TUNING conv_unroll=1, wgrad_unroll=1: the convolutions' and the weight gradients' middle rows in unrolled
+    blocks of K, the leftover rows one at a time (maps from 1 x 1 up to 23 rows), as exact as one row per
+    iteration."""
     from wtconvnext.ops import triton_kernels as tk
 
-    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "conv_unroll": 1})
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "conv_unroll": 1, "wgrad_unroll": 1})
     _float64_matches_reference(shape)
 
 

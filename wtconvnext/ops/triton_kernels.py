@@ -308,7 +308,7 @@ def _wgrad_kernel(
     part_ptr,  # (programs, TP, CC) fp32: one row of partial sums per program (taps, then dy's sum in lane K*K)
     H, W, B, IMGS,
     CC: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
-    BC: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr,
+    BC: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """d w[ky, kx] = sum over positions of dy(o, n) * x(o + ky - PAD, n + kx - PAD): a program walks the x rows
     of IMGS images for BW columns, keeping the K dy rows an x row pairs with; of one map (LEVELS = 0), or of every
@@ -361,41 +361,70 @@ def _wgrad_kernel(
         xn = ()
         for i in tl.static_range(NI):
             xn = xn + (tl.load(xb + (i - PAD) * CC, mask=inm[i] & bok & (h > 0), other=0.0),)
-        for r in range(0, h):
-            gc = gn
-            xc = xn
-            r1 = r + 1
-            rg = r1 + PAD
-            gn = ()
-            for q in tl.static_range(BW):
-                gn = gn + (tl.load(gb + rg * rs + q * CC, mask=gm[q] & bok & (rg < h), other=0.0),)
-            xn = ()
-            for i in tl.static_range(NI):
-                xn = xn + (tl.load(xb + r1 * rs + (i - PAD) * CC, mask=inm[i] & bok & (r1 < h), other=0.0),)
-            new = ()
-            for s in tl.static_range(BW, K * BW):
-                new = new + (dq[s],)
-            for q in tl.static_range(BW):
-                new = new + (gc[q].to(COMPUTE),)
-            dq = new
-            if DSUM:
-                for q in tl.static_range(BW):
-                    dsum += dq[PAD * BW + q]  # row r of dy
-            for i in tl.static_range(NI):
-                v = xc[i].to(COMPUTE)
-                upd = ()
-                for ky in tl.static_range(K):
-                    for kx in tl.static_range(K):
-                        if (i - kx >= 0) and (i - kx < BW):
-                            upd = upd + (acc[ky * K + kx] + v * dq[(K - 1 - ky) * BW + (i - kx)],)
-                        else:
-                            upd = upd + (acc[ky * K + kx],)
-                acc = upd
+        # The rows whose next x and dy rows both exist (in unrolled blocks of K with UNROLL: the K dy rows in flight
+        # rotate back to where they started, so the loop carries them without register moves), then the last
+        # PAD + 1 rows with the row tests.
+        mid = 0
+        if UNROLL:
+            mid = tl.maximum(h - 1 - PAD, 0) // K * K
+            for r0 in range(0, mid, K):
+                for u in tl.static_range(K):
+                    acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r0 + u, xb, gb, rs, h, inm, gm, bok,
+                                                        CC, K, BW, DSUM, COMPUTE, False)
+        for r in range(mid, h):
+            acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
+                                                CC, K, BW, DSUM, COMPUTE, True)
     dst = part_ptr + pid.to(tl.int64) * TP * CC + cc
     for t in tl.static_range(K * K):
         tl.store(dst + t * CC, acc[t].to(part_ptr.dtype.element_ty), mask=cmask)
     if DSUM:
         tl.store(dst + K * K * CC, dsum.to(part_ptr.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
+def _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
+                CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr,
+                EDGE: tl.constexpr):
+    """x row r of _wgrad_kernel: the next x and dy rows' loads, dy row r + PAD joining the K rows in flight, and
+    x row r's products with each of them. EDGE: the next rows may not exist (the last PAD + 1 rows)."""
+    PAD: tl.constexpr = K // 2
+    NI: tl.constexpr = BW + K - 1
+    gc = gn
+    xc = xn
+    r1 = r + 1
+    rg = r1 + PAD
+    gn = ()
+    for q in tl.static_range(BW):
+        if EDGE:
+            gn = gn + (tl.load(gb + rg * rs + q * CC, mask=gm[q] & bok & (rg < h), other=0.0),)
+        else:
+            gn = gn + (tl.load(gb + rg * rs + q * CC, mask=gm[q] & bok, other=0.0),)
+    xn = ()
+    for i in tl.static_range(NI):
+        if EDGE:
+            xn = xn + (tl.load(xb + r1 * rs + (i - PAD) * CC, mask=inm[i] & bok & (r1 < h), other=0.0),)
+        else:
+            xn = xn + (tl.load(xb + r1 * rs + (i - PAD) * CC, mask=inm[i] & bok, other=0.0),)
+    new = ()
+    for s in tl.static_range(BW, K * BW):
+        new = new + (dq[s],)
+    for q in tl.static_range(BW):
+        new = new + (gc[q].to(COMPUTE),)
+    dq = new
+    if DSUM:
+        for q in tl.static_range(BW):
+            dsum += dq[PAD * BW + q]  # row r of dy
+    for i in tl.static_range(NI):
+        v = xc[i].to(COMPUTE)
+        upd = ()
+        for ky in tl.static_range(K):
+            for kx in tl.static_range(K):
+                if (i - kx >= 0) and (i - kx < BW):
+                    upd = upd + (acc[ky * K + kx] + v * dq[(K - 1 - ky) * BW + (i - kx)],)
+                else:
+                    upd = upd + (acc[ky * K + kx],)
+        acc = upd
+    return acc, dq, gn, xn, dsum
 
 
 @triton.jit
@@ -726,11 +755,11 @@ TUNING: dict[str, int] = {
     "patch_chunk": 64, "patch_bc": 32, "patch_warps": 4,
     # syn1 = 1: the FMA base convolution synthesises level 1 itself (needs an even conv_bw), as the tensor-core
     # one does by default; conv_unroll = 1: the convolutions' middle rows in unrolled blocks of K (no register
-    # moves for the rolling accumulators, K times the loop's code). Both off until a GPU A/B
-    # (ab_kernels.py --tuning) decides.
-    "syn1": 0, "conv_unroll": 0,
+    # moves for the rolling accumulators, K times the loop's code); wgrad_unroll = 1: the same for the weight
+    # gradients' x rows (the K dy rows in flight). All off until a GPU A/B (ab_kernels.py --tuning) decides.
+    "syn1": 0, "conv_unroll": 0, "wgrad_unroll": 0,
 }
-_FLAG_KEYS = ("syn1", "conv_unroll")  # 0 or 1, not sizes
+_FLAG_KEYS = ("syn1", "conv_unroll", "wgrad_unroll")  # 0 or 1, not sizes
 _POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc")
 
 def _tuning_from_env() -> None:
@@ -1046,9 +1075,9 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
     programs = _level_programs(h, w, levels, bw, bsz) if levels else bsz * _cdiv(w, bw)
     _launch(
         _conv_kernel, (programs, _cdiv(cc, bc)),
-        (x, acc, x if acc2 is None else acc2, y, wts, bias, acc2_off, h, w, bsz), TUNING["conv_warps"], CC=cc, K=k, LEVELS=levels, BW=bw, BC=bc, STRIDE=stride, HAS_ACC=has_acc,
-        HAS_BIAS=has_bias, FLIP=flip, COMPUTE=_compute_dtype(x.dtype), SYN1=syn1, HAS_ACC2=acc2 is not None,
-        UNROLL=bool(TUNING["conv_unroll"]),
+        (x, acc, x if acc2 is None else acc2, y, wts, bias, acc2_off, h, w, bsz), TUNING["conv_warps"],
+        CC=cc, K=k, LEVELS=levels, BW=bw, BC=bc, STRIDE=stride, HAS_ACC=has_acc, HAS_BIAS=has_bias, FLIP=flip,
+        COMPUTE=_compute_dtype(x.dtype), SYN1=syn1, HAS_ACC2=acc2 is not None, UNROLL=bool(TUNING["conv_unroll"]),
     )
 
 
@@ -1067,10 +1096,11 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     acc = _acc_dtype(x.dtype)
     compute = _compute_dtype(x.dtype)
     bc = _block_c(ch, TUNING["wgrad_bc"])
+    unroll = bool(TUNING["wgrad_unroll"])
     base = torch.empty((groups * _cdiv(w, bw), tp, ch), device=x.device, dtype=acc)
     _launch(
         _wgrad_kernel, (base.shape[0], _cdiv(ch, bc)), (x, dy, base, h, w, bsz, imgs), warps,
-        CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute,
+        CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll,
     )
     if not levels:
         return base, base, 0
@@ -1079,7 +1109,7 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     bc = _block_c(4 * ch, TUNING["wgrad_bc"])
     _launch(
         _wgrad_kernel, (rows, _cdiv(4 * ch, bc)), (coef_x, coef_dy, lev, h, w, bsz, imgs), warps,
-        CC=4 * ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC=bc, DSUM=False, COMPUTE=compute,
+        CC=4 * ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC=bc, DSUM=False, COMPUTE=compute, UNROLL=unroll,
     )
     return base, lev, 0
 
