@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The kernel-model A/B of issue 14 (one or two GPU calls): FMA (explicit columns) vs tensor-core (mma) convolutions.
-#   bash scripts/gpu_ab.sh [OUTDIR] [tests] [syn1] [abmma] [layer] [profile] [compiled] [pmodel] [graphs] [host]
-# (default: tests syn1 layer profile, into results/gpu_ab; about 4, 2, 5, 2.5, 1, 5.5, 3, 5.5 and 3 minutes on an
-# H200: device calls of at most 10 minutes, e.g. "compiled pmodel", "tests syn1 layer", "graphs host").
+#   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [abmma] [layer] [profile] [compiled] [pmodel]
+#                          [graphs] [host]
+# (default: tests abtune layer profile, into results/gpu_ab; about 4, 2.5, 6, 5, 2.5, 2, 5.5, 3, 5.5 and 3 minutes
+# on an H200: device calls of at most 10 minutes, e.g. "compiled pmodel", "abrows abtune", "tests layer profile",
+# "graphs host").
 # Needs the golden data (see gpu_check.sh).
 # 1. correctness of both kernel sets on the GPU (golden data, the op contract, stage shapes, mma vs FMA),
-# 2. pass by pass (forward, input gradient, weight gradients) at every stage shape: "syn1", the FMA base convolution
-#    synthesising level 1 itself against today's launches; "abmma", FMA vs tensor-core kernels (ab_kernels.py --mma),
+# 2. pass by pass (forward, input gradient, weight gradients) at every stage shape: "abrows", today's kernels against
+#    $AB_BASELINE; "abtune", the FMA kernels' opt-in variants (TUNING syn1, conv_unroll, wgrad_unroll) against
+#    today's launches; "abmma", FMA vs tensor-core kernels (ab_kernels.py --mma),
 #    weights split into hi + lo operands and rounded once, level 1 synthesised by the base convolution or not,
 # 3. the layer table with both (bench_layer.py --quick --dtypes bf16: rows wtconv_triton_cl_fma / _mma / _mma1),
 # 4. per-kernel CUDA time of the FMA and the mma layer at every stage (profile_layer.py --cl / --mma).
@@ -15,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-results/gpu_ab}"
 shift || true
-what="${*:-tests syn1 layer profile}"
+what="${*:-tests abtune layer profile}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
@@ -26,12 +29,24 @@ step() {  # step SECONDS LOG command...
   timeout "$limit" "$@" 2>&1 | tee "$out/$log" || rc=1
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+more="synthesising or unrolled or compile_fullgraph"
 if [[ "$what" == *tests* ]]; then
   step 240 tests.log "$py" -m pytest -q -rf --tb=short tests/test_ops_triton.py tests/gpu/test_gpu.py \
-    -k "mma or golden or dtypes or low_precision or deterministic or fast_launch or synthesising or compile_fullgraph"
+    -k "mma or golden or dtypes or low_precision or deterministic or fast_launch or $more"
 fi
-if [[ "$what" == *syn1* ]]; then  # the FMA base convolution synthesising level 1 itself, against today's launches
-  step 150 ab_syn1.txt "$py" benchmarks/ab_kernels.py --tuning syn1=1 --dtypes bf16 fp32 --out "$out/ab_syn1.json"
+if [[ "$what" == *abrows* ]]; then  # today's FMA kernels against an earlier copy ($AB_BASELINE, e.g. of 123b293)
+  if [[ -f "${AB_BASELINE:-}" ]]; then
+    step 150 ab_rows.txt "$py" benchmarks/ab_kernels.py --baseline "$AB_BASELINE" --dtypes bf16 fp32 \
+      --out "$out/ab_rows.json"
+  else
+    echo "abrows: set AB_BASELINE to a copy of an earlier wtconvnext/ops/triton_kernels.py" | tee "$out/ab_rows.txt"
+  fi
+fi
+if [[ "$what" == *abtune* ]]; then  # the FMA kernels' opt-in loop variants, each against today's launches
+  for t in syn1=1 conv_unroll=1 wgrad_unroll=1 "syn1=1 conv_unroll=1 wgrad_unroll=1"; do
+    tag=$(echo "$t" | tr ' =' '_-')
+    step 120 "ab_$tag.txt" "$py" benchmarks/ab_kernels.py --tuning $t --dtypes bf16 --out "$out/ab_$tag.json"
+  done
 fi
 if [[ "$what" == *abmma* ]]; then
   step 120 ab_mma.txt "$py" benchmarks/ab_kernels.py --mma --dtypes bf16 --out "$out/ab_mma.json"
