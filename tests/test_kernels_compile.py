@@ -1,4 +1,5 @@
-"""Every Triton kernel compiles for an sm_90 GPU (Hopper, the H200), on any machine.
+"""Every Triton kernel compiles for an sm_90 GPU (Hopper, the H200), on any machine, and the FMA kernels' row loops
+carry every rolling value in the compiler's IR.
 
 Triton's interpreter, which runs the kernels in the CPU tests, accepts code that its GPU compiler rejects (a
 constexpr assigned twice in a static loop did): this compiles each kernel, in the specialisations the launchers
@@ -126,6 +127,46 @@ def _compile_all() -> int:
     return failed
 
 
+def _loop_carries() -> int:
+    """Every row loop of the FMA convolution and weight-gradient kernels carries exactly the values it must, in the
+    GPU compiler's IR: the interpreter cannot see a rolling value the compiler drops (PERF.md's trap). The
+    convolution carries its K - 1 rows of BW accumulators in flight (the newest row starts at zero: a constant,
+    folded) and the next input row's NI values; the weight gradient its K x K sums (+ dy's), the K - 1 dy rows a
+    row pairs with, the next dy row and the next x row."""
+    import re
+
+    import triton.language as tl
+
+    from benchmarks.common import compile_sm90
+    from wtconvnext.ops import triton_kernels as tk
+
+    bf16, f32, i32 = "*bf16", "*fp32", "i32"
+    conv = dict(x_ptr=bf16, acc_ptr=bf16, acc2_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32,
+                W=i32, B=i32)
+    wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32)
+    failed = 0
+    for k, bw, unroll in ((5, 4, False), (5, 4, True), (3, 6, True)):
+        ni = bw + k - 1
+        cases = [
+            (tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=bw, BC=32, STRIDE=1, HAS_ACC=True, HAS_BIAS=True,
+                                         FLIP=False, COMPUTE=tl.float32, SYN1=False, HAS_ACC2=False, UNROLL=unroll),
+             {(k - 1) * bw + ni}),
+        ]
+        for dsum in (False, True):
+            sums = k * k + dsum
+            cases.append((tk._wgrad_kernel, wg, dict(CC=384, K=k, TP=32, LEVELS=4, BW=bw + 3, BC=64, DSUM=dsum,
+                                                     COMPUTE=tl.float32, UNROLL=unroll),
+                          {sums, sums + k * (bw + 3) + (bw + 3 + k - 1)}))
+        for fn, sig, const, want in cases:
+            ttir = compile_sm90(fn, sig, const, 1).asm["ttir"]
+            got = {m.group(1).count("=") for m in re.finditer(r"scf\.for .*? iter_args\((.*?)\) ->", ttir)}
+            if got != want:
+                failed += 1
+                print(f"FAILED loop carries of {fn.__name__} {const}: {sorted(got)}, expected {sorted(want)}",
+                      file=sys.stderr)
+    return failed
+
+
 def test_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[1]
@@ -135,4 +176,4 @@ def test_kernels_compile_for_sm90():
 
 
 if __name__ == "__main__":
-    raise SystemExit(1 if _compile_all() else 0)
+    raise SystemExit(1 if _compile_all() + _loop_carries() else 0)
