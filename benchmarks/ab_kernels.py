@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import DTYPES, SHAPES, _bench  # noqa: E402
-from benchmarks.common import gpu_env, mma_switched, write_json, wtconv_inputs  # noqa: E402
+from benchmarks.common import gpu_env, mma_switched, with_entries, write_json, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import triton_kernels as current  # noqa: E402
 
 
@@ -90,21 +90,6 @@ def _tuning_overrides(ap: argparse.ArgumentParser, items: list[str]) -> dict[str
     return out
 
 
-def _tuned(fn, overrides: dict[str, int]):
-    """``fn`` run with ``current.TUNING`` changed by ``overrides`` (restored afterwards)."""
-
-    def run():
-        saved = dict(current.TUNING)
-        current.TUNING.update(overrides)
-        try:
-            return fn()
-        finally:
-            current.TUNING.clear()
-            current.TUNING.update(saved)
-
-    return run
-
-
 def _max_rel(a, b) -> float:
     if isinstance(a, (tuple, list)):
         return max(_max_rel(p, q) for p, q in zip(a, b))
@@ -150,7 +135,7 @@ def main(argv=None) -> int:
                 parts = [{name: mma_switched(fn, on, split=args.split, syn1=args.syn1) for name, fn in p.items()}
                          for p, on in zip(parts, (False, True))]
             elif overrides:
-                parts[1] = {name: _tuned(fn, overrides) for name, fn in parts[1].items()}
+                parts[1] = {name: with_entries(fn, current.TUNING, overrides) for name, fn in parts[1].items()}
             for part in ("fwd", "dx", "wgrad"):
                 results = [p[part]() for p in parts]  # also compiles outside the timing
                 diff = _max_rel(results[1], results[0])

@@ -43,21 +43,36 @@ def wtconv_inputs(
     return x, dy, params
 
 
+def with_entries(fn: Any, table: dict, entries: dict) -> Any:
+    """``fn`` run with ``table`` (a tuning dict such as ``triton_kernels.TUNING``) updated by ``entries``, restored
+    afterwards."""
+
+    def run() -> Any:
+        saved = dict(table)
+        table.update(entries)
+        try:
+            return fn()
+        finally:
+            table.clear()
+            table.update(saved)
+
+    return run
+
+
 def mma_switched(fn: Any, enabled: bool, **tuning: int) -> Any:
     """``fn`` with the tensor-core convolution kernels (``wtconvnext.ops.mma_kernels``) switched on or off, and
     ``tuning`` set in their ``MMA_TUNING`` (``split=0``, ``syn1=0``...), while it runs (the A/B of issue 14)."""
     from wtconvnext.ops import mma_kernels as mk
 
+    tuned = with_entries(fn, mk.MMA_TUNING, tuning)
+
     def run() -> Any:
-        was = mk.ENABLED, dict(mk.MMA_TUNING)
+        was = mk.ENABLED
         mk.ENABLED = enabled
-        mk.MMA_TUNING.update(tuning)
         try:
-            return fn()
+            return tuned()
         finally:
-            mk.ENABLED = was[0]
-            mk.MMA_TUNING.clear()
-            mk.MMA_TUNING.update(was[1])
+            mk.ENABLED = was
 
     return run
 
