@@ -177,7 +177,10 @@ if TRITON_AVAILABLE:
     TRITON_OP = (hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
                  and os.environ.get("WTCONVNEXT_TRITON_OP", "1") != "0")
     if TRITON_OP:
+        from . import ttir_memo
         from .triton_kernels import traced_launches
+
+        ttir_memo.install()  # else every launch site re-generates its kernel's TTIR: minutes of compile per model
 
         @torch.library.triton_op("wtconvnext::wtconv2d_traced", mutates_args=())
         def _wtconv2d_traced_op(

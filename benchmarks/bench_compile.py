@@ -1,0 +1,126 @@
+"""Cold compile time and step time of compiled AMP training: ConvNeXt against WTConvNeXt, side by side.
+
+Each case runs in a fresh process with empty Inductor and Triton caches, so its first step pays the whole compile
+(dynamo, AOTAutograd, Inductor, Triton), as a user's first run does. Then milliseconds per step (median of
+CUDA-event-timed steps) and peak memory, as ``bench_model.py`` measures them.
+
+    python benchmarks/bench_compile.py [--models convnext_tiny wtconvnext_tiny] [--opaque] [--batch 128]
+                                       [--out results/compile.json]
+
+``--opaque`` adds a WTConvNeXt row compiled on the opaque custom op (WTCONVNEXT_TRITON_OP=0) instead of the traced
+``triton_op`` path. Rows also give the compile phases torch records (AOTAutograd trace, Inductor lowering,
+waiting on Triton compiles) and, for WTConvNeXt, how often the memo of ``wtconvnext/ops/ttir_memo.py`` answered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PHASES = ("aot_collect_metadata", "aot_trace_joint_graph", "GraphLowering.run", "async_compile.wait")
+
+
+def _case(name: str, batch: int) -> dict:
+    """Run in the child process: compile and time one model."""
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    import benchmarks.bench_model as bm
+
+    start = time.perf_counter()
+    step = bm._train_step(name, True, True, batch)
+    x = bm._input(batch, 224)
+    step(x)
+    torch.cuda.synchronize()
+    first_s = time.perf_counter() - start
+    bm._assert_fused(name, lambda: step(x))
+    peak = bm._peak_gb(lambda: step(x))
+    ms = bm._time_steps(lambda: step(x), 3, 15)
+    from torch._dynamo.utils import compile_times, counters
+
+    phases = {}
+    for line in compile_times(repr="str", aggregate=True).splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in PHASES:
+            phases[parts[0]] = float(parts[1])
+    row = dict(model=name, batch=batch, first_step_s=first_s, ms=ms, img_s=batch / ms * 1000, peak_gb=peak,
+               graphs=counters["stats"].get("unique_graphs", 0), graph_breaks=sum(counters["graph_break"].values()),
+               phases_s=phases, traced=os.environ.get("WTCONVNEXT_TRITON_OP", "1") != "0")
+    if name.startswith("wtconvnext"):
+        import torch._higher_order_ops.triton_kernel_wrap as tkw
+
+        row["memo"] = {n: dict(hits=getattr(tkw, n).hits, misses=getattr(tkw, n).misses)
+                       for n in ("identify_accessed_tensors", "identify_mutated_tensors", "generate_ttir")
+                       if getattr(getattr(tkw, n, None), "wtconvnext_memo", False)}
+    return row
+
+
+def _spawn(name: str, batch: int, opaque: bool, timeout: int) -> dict:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(), TRITON_CACHE_DIR=tempfile.mkdtemp(),
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    if opaque:
+        env["WTCONVNEXT_TRITON_OP"] = "0"
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--child", name, "--batch", str(batch)], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return dict(model=name, batch=batch, traced=not opaque, error=f"no first step within {timeout} s")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
+    if proc.returncode != 0 or not lines:
+        return dict(model=name, batch=batch, traced=not opaque, error=proc.stderr.strip()[-600:])
+    return json.loads(lines[-1][4:])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="+", default=["convnext_tiny", "wtconvnext_tiny"])
+    ap.add_argument("--opaque", action="store_true", help="also WTConvNeXt on the opaque custom op")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--timeout", type=int, default=400, help="seconds per case")
+    ap.add_argument("--out", default="results/compile.json")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print("ROW " + json.dumps(_case(args.child, args.batch)), flush=True)
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_compile.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from benchmarks.common import gpu_env, report
+
+    cases = [(m, False) for m in args.models]
+    if args.opaque:
+        cases += [(m, True) for m in args.models if m.startswith("wtconvnext")]
+    rows = []
+    for name, opaque in cases:
+        rows.append(_spawn(name, args.batch, opaque, args.timeout))
+        print("  ", rows[-1], flush=True)
+    base = next((r for r in rows if r["model"].startswith("convnext") and "error" not in r), None)
+    lines = []
+    for r in rows:
+        label = r["model"] + ("" if r.get("traced", True) else " (opaque op)")
+        if "error" in r:
+            lines.append(f"{label:<30} error: {r['error'][:200]}")
+            continue
+        ratio = f"{base['ms'] / r['ms']:.2f}x" if base else "-"
+        p = r["phases_s"]
+        lines.append(f"{label:<30} {r['first_step_s']:8.1f} {r['ms']:8.2f} {ratio:>7} {r['peak_gb']:7.2f} "
+                     + " ".join(f"{p.get(k, 0):7.1f}" for k in PHASES))
+    header = (f"{'AMP train, compiled, B=' + str(args.batch):<30} {'1st s':>8} {'ms/step':>8} {'img/s x':>7} "
+              f"{'peak GB':>7} " + " ".join(f"{k.split('.')[0][:7]:>7}" for k in PHASES))
+    report(args.out, gpu_env(), header, lines, rows,
+           note="1st s: the first step, cold caches (compile included); img/s x: against the ConvNeXt row")
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
