@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 PHASES = ("aot_collect_metadata", "aot_trace_joint_graph", "GraphLowering.run", "async_compile.wait")
 
 
 def _case(name: str, batch: int) -> dict:
     """Run in the child process: compile and time one model."""
-    sys.path.insert(0, str(ROOT))
     import torch
 
     import benchmarks.bench_model as bm
