@@ -22,8 +22,8 @@ def _cases():
 
     f32, bf16, i32, fp = "*fp32", "*bf16", "i32", tl.float32
     for nl, m in ((5, 1), (2, 4), (1, 64)):
-        yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16, src_off=i32, coef_off="i64", H0=i32, W0=i32,
-                                        B=i32, PATCHES_W=i32, PATCHES=i32), \
+        yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16, src2_ptr=bf16, coef2_ptr=bf16, src_off=i32,
+                                        coef_off="i64", H0=i32, W0=i32, B=i32, PATCHES_W=i32, PATCHES=i32), \
             dict(C=96, SRC_PIX=96, NL=nl, M=m, BC=32, CHUNK=64, COMPUTE=fp)
         yield tk._synthesis_kernel, dict(t_ptr=bf16, acc_ptr=bf16, first_off="i64", H0=i32, W0=i32, B=i32,
                                          PATCHES_W=i32, PATCHES=i32), \
@@ -49,7 +49,8 @@ def _cases():
                                          UNROLL=unroll)
     # Triton specialises an int argument equal to 1 as a constant: every kernel must compile with them all 1.
     one = dict(H0=1, W0=1, B=1, PATCHES_W=1, PATCHES=1)
-    yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16, src_off=i32, coef_off=i32), \
+    yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16, src2_ptr=bf16, coef2_ptr=bf16, src_off=i32,
+                                    coef_off=i32), \
         dict(**one, C=96, SRC_PIX=96, NL=2, M=1, BC=32, CHUNK=64, COMPUTE=fp)
     yield tk._synthesis_kernel, dict(t_ptr=bf16, acc_ptr=bf16), \
         dict(**one, first_off=1, C=96, NL=2, M=1, HAS_ACC=True, BC=32, CHUNK=64, COMPUTE=fp)

@@ -297,12 +297,16 @@ def test_coefficients_are_the_haar_subbands(dtype):
     """Odd sizes zero extend at every level, over two analysis launches (7 levels): each level's four subbands are
     the reference's analysis of the low-pass before, computed in fp32 and stored once in the input dtype."""
     from wtconvnext.ops.reference import haar_analysis
-    from wtconvnext.ops.triton_kernels import coefficients, level_sizes
+    from wtconvnext.ops.triton_kernels import coefficient_pair, coefficients, level_sizes
 
     b, c, h, w, levels = 2, 5, 67, 45, 7
     x = torch.randn(b, c, h, w, device=DEVICE).to(dtype).contiguous(memory_format=torch.channels_last)
     buf = coefficients(x, levels)
     assert buf.dtype == dtype and buf.dim() == 1
+    # Two maps in the launches of one (the backward's x and dy): each buffer as if analysed alone.
+    y = torch.randn_like(x)
+    pair = coefficient_pair(y, x, levels)
+    assert torch.equal(pair[1], buf) and torch.equal(pair[0], coefficients(y, levels))
     ll, off = x, 0
     for hc, wc in level_sizes(h, w, levels)[1:]:
         n = b * hc * wc * 4 * c
@@ -366,6 +370,23 @@ def test_base_convolution_synthesising_level1(shape, monkeypatch):
     levels = shape[5]
     # Forward and input gradient: one synthesis launch per chunk of levels 2.. (none for one level).
     assert names.count("_synthesis_kernel") == 2 * len(tk._chunks(levels, 2)), names
+
+
+def test_backward_analyses_x_and_dy_in_one_launch(monkeypatch):
+    """A layer launches its kernels in the count the README gives: forward fold, analysis, level convolution,
+    synthesis, base convolution; backward one analysis of x and dy together, two weight-gradient walks, the
+    chain-rule kernel, and the input gradient's level convolution, synthesis and base convolution."""
+    from wtconvnext.ops import wtconv2d
+
+    x = torch.randn(2, 8, 11, 9, device=DEVICE).contiguous(memory_format=torch.channels_last).requires_grad_()
+    ps = [t.requires_grad_() for t in _params(8, 5, 3, True, torch.float32)]
+    names = _spy_launches(monkeypatch)
+    y = wtconv2d(x, *ps, backend="triton")
+    assert names == ["_fold_kernel", "_analysis_kernel", "_conv_kernel", "_synthesis_kernel", "_conv_kernel"]
+    del names[:]
+    y.backward(torch.randn_like(y))
+    assert sorted(names) == sorted(["_analysis_kernel", "_wgrad_kernel", "_wgrad_kernel", "_param_grads_kernel",
+                                    "_conv_kernel", "_synthesis_kernel", "_conv_kernel"]), names
 
 
 @pytest.mark.parametrize("shape", [SHAPES[2], SHAPES[5], SHAPES[9]], ids=["K7", "s2", "K11"])

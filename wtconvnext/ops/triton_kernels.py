@@ -473,12 +473,17 @@ def _patch_of(PATCHES, PATCHES_W, C: tl.constexpr, BC: tl.constexpr):
 def _analysis_kernel(
     src_ptr,  # (B, H0, W0, *) the map the first level analyses: x (pixel stride C), or a level's coefficients (4C)
     coef_ptr,  # flat coefficient buffer: (B, h_i, w_i, 4, C) per level
+    src2_ptr, coef2_ptr,  # a second map of the same shape and dtype and its buffer, for programs (., ., 1)
     src_off, coef_off,  # element offsets of the source map and of the first level this launch writes
     H0, W0, B, PATCHES_W, PATCHES,
     C: tl.constexpr, SRC_PIX: tl.constexpr, NL: tl.constexpr, M: tl.constexpr, BC: tl.constexpr,
     CHUNK: tl.constexpr, COMPUTE: tl.constexpr,
 ):
-    """NL levels of a 2^NL x M*2^NL patch of the source: each level from the low-pass this program just wrote."""
+    """NL levels of a 2^NL x M*2^NL patch of the source: each level from the low-pass this program just wrote.
+    The grid's third axis picks the map (the backward analyses x and dy in one launch)."""
+    if tl.program_id(2) == 1:
+        src_ptr = src2_ptr
+        coef_ptr = coef2_ptr
     b, py, px, cc, cmask = _patch_of(PATCHES, PATCHES_W, C, BC)
     # Offsets, not sliced views, locate the levels: torch.compile's tracing of a launch then sees whole buffers.
     src_ptr += tl.cast(src_off, tl.int64)
@@ -840,7 +845,7 @@ def traced_launches() -> Iterator[None]:
         _TRACED.on = was
 
 
-def _launch(fn, grid: tuple[int, int], args: tuple, warps: int, **consts: object) -> None:
+def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object) -> None:
     """``fn[grid](*args, **consts, num_warps=warps)``: runtime arguments positional (the kernel's leading
     parameters: tensors, ints or None), constexprs by name."""
     global _FAST_LAUNCH
@@ -878,7 +883,7 @@ def _launch(fn, grid: tuple[int, int], args: tuple, warps: int, **consts: object
         elif len(_COMPILED) < _MAX_KEPT:
             _COMPILED[key] = kernel
         return
-    kernel[(grid[0], grid[1], 1)](*args, *cvals)
+    kernel[(grid[0], grid[1], grid[2] if len(grid) > 2 else 1)](*args, *cvals)
 
 
 @functools.cache  # called on every launch; a handful of (C, cap) pairs per model
@@ -953,24 +958,36 @@ def coefficients(x: Tensor, levels: int) -> Tensor:
     """The Haar subbands of every level of the channels-last ``x`` (B, C, H, W), each computed once: a flat buffer
     in x's dtype holding level i as (B, h_i, w_i, 4, C) after level i - 1 (subbands LL, top-minus-bottom,
     left-minus-right, diagonal; odd maps zero-extended). One launch per five levels."""
-    _check_cl(x)
-    bsz, ch, h, w = x.shape
+    return _analyse((x,), levels)[0]
+
+
+def coefficient_pair(a: Tensor, b: Tensor, levels: int) -> tuple[Tensor, Tensor]:
+    """:func:`coefficients` of two maps of one shape and dtype (the backward's x and dy), in the launches of one."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return coefficients(a, levels), coefficients(b, levels)
+    return _analyse((a, b), levels)
+
+
+def _analyse(maps: tuple[Tensor, ...], levels: int) -> tuple[Tensor, ...]:
+    _check_cl(*maps)
+    bsz, ch, h, w = maps[0].shape
     sizes = level_sizes(h, w, levels)
     offs = _offsets(bsz, ch, h, w, levels)
-    buf = torch.empty((offs[-1],), device=x.device, dtype=x.dtype)
+    bufs = tuple(torch.empty((offs[-1],), device=m.device, dtype=m.dtype) for m in maps)
     bc = _block_c(ch, TUNING["patch_bc"])
-    src, src_off, pix = x, 0, ch
+    srcs, src_off, pix = maps, 0, ch
     for first, nl in _chunks(levels):
         m, pw, patches = _patches(*sizes[first], nl, TUNING["patch_chunk"])
         _launch(
-            _analysis_kernel, (bsz * patches, _cdiv(ch, bc)),
-            (src, buf, src_off, offs[first - 1], sizes[first - 1][0], sizes[first - 1][1], bsz, pw, patches),
+            _analysis_kernel, (bsz * patches, _cdiv(ch, bc), len(maps)),
+            (srcs[0], bufs[0], srcs[-1], bufs[-1], src_off, offs[first - 1], sizes[first - 1][0],
+             sizes[first - 1][1], bsz, pw, patches),
             TUNING["patch_warps"], C=ch, SRC_PIX=pix, NL=nl, M=m, BC=bc, CHUNK=TUNING["patch_chunk"],
-            COMPUTE=_compute_dtype(x.dtype),
+            COMPUTE=_compute_dtype(maps[0].dtype),
         )
         # The next launch starts from this one's coarsest level.
-        src, src_off, pix = buf, offs[first + nl - 2], 4 * ch
-    return buf
+        srcs, src_off, pix = bufs, offs[first + nl - 2], 4 * ch
+    return bufs
 
 
 def folded_weights(

@@ -61,7 +61,7 @@ def _in_format_of(t: Tensor, x: Tensor) -> Tensor:
 
 
 if TRITON_AVAILABLE:
-    from .triton_kernels import coefficients, folded_weights, param_grads, weight_partials, wtconv_forward
+    from .triton_kernels import coefficient_pair, folded_weights, param_grads, weight_partials, wtconv_forward
 
     def _forward_impl(
         x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
@@ -92,8 +92,7 @@ if TRITON_AVAILABLE:
         xc = _channels_last(x)
         # dy's coefficients serve both gradients: the weight gradients first, since the input-gradient pass
         # overwrites them; x's coefficients are recomputed here rather than kept from the forward.
-        coef_dy = coefficients(dy, levels) if levels else None
-        coef_x = coefficients(xc, levels) if levels else None
+        coef_dy, coef_x = coefficient_pair(dy, xc, levels) if levels else (None, None)
         parts = weight_partials(xc, dy, coef_x, coef_dy, k, levels)
         del coef_x
         grads = param_grads(parts, tuple(x.shape), weight, bias, base_scale, wavelet_weight, wavelet_scale, round_to)
