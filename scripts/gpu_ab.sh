@@ -29,9 +29,9 @@ step() {  # step SECONDS LOG command...
   timeout "$limit" "$@" 2>&1 | tee "$out/$log" || rc=1
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
-more="synthesising or unrolled or compile_fullgraph"
+more="synthesising or unrolled or compile_fullgraph or one_launch or ttir"
 if [[ "$what" == *tests* ]]; then
-  step 240 tests.log "$py" -m pytest -q -rf --tb=short tests/test_ops_triton.py tests/gpu/test_gpu.py \
+  step 240 tests.log "$py" -m pytest -q -rf --tb=short tests/test_ops_triton.py tests/gpu/test_gpu.py tests/test_ttir_memo.py \
     -k "mma or golden or dtypes or low_precision or deterministic or fast_launch or $more"
 fi
 if [[ "$what" == *abrows* ]]; then  # today's FMA kernels against an earlier copy ($AB_BASELINE, e.g. of 123b293)
