@@ -118,20 +118,20 @@ def test_report_prints_the_table_and_writes_json(tmp_path: Path, capsys) -> None
 
 
 def test_bench_model_runs_every_task(tmp_path: Path) -> None:
-    """The model benchmark end to end on the CPU (--check: one step of every task, test-sized models, with the
-    --mma rows): each row has its ConvNeXt counterpart's ratio, and the multi-scale rows count their graphs."""
+    """The model benchmark end to end on the CPU (--check: one step of every task, test-sized models): each row has
+    its ConvNeXt counterpart's ratio, and the multi-scale rows count their graphs. (The --mma rows are not run
+    here: under the interpreter they doubled this test's 200 s; the GPU runs them.)"""
     from benchmarks import bench_model
 
     out = tmp_path / "model.json"
-    assert bench_model.main(["--check", "--mma", "--out", str(out)]) == 0
+    assert bench_model.main(["--check", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     tasks = {(r["model"], r["task"], r["compile"]) for r in rows}
-    for model in ("test_convnext", "test_wtconvnext", "test_wtconvnext+mma"):
+    for model in ("test_convnext", "test_wtconvnext"):
         for task, compiled in (("train", False), ("infer", False), ("dense_infer", False), ("dense_train", False),
                                ("train", True), ("multiscale", True)):
             assert (model, task, compiled) in tasks
-    # --mma: the tensor-core rows are the bf16 ones only (fp32 layers never take them)
-    assert {r["amp"] for r in rows if r["model"].endswith("+mma")} == {True}
+    assert not any(r["model"].endswith("+mma") for r in rows)
     assert any(not r["amp"] for r in rows if r["model"] == "test_wtconvnext")
     assert all(r["throughput_vs_convnext"] > 0 for r in rows)
     assert all(r["graphs"] >= 1 and len(r["ms_per_size"]) == 3 for r in rows if r["task"] == "multiscale")

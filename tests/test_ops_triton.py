@@ -73,6 +73,10 @@ def _golden_cases():
 def test_golden_layer_triton(case, dtype, tol):
     from safetensors.torch import load_file
 
+    if DEVICE == "cpu" and dtype == torch.float32 and "_H56_" in case:
+        # 110 s under the interpreter (CI time); float64 checks this case's math, and the GPU runs it in float32.
+        pytest.skip("the 56 x 56 golden case runs in float32 on the GPU only")
+
     data = load_file(str(GOLDEN / case))
     c = data["x"].shape[1]
     k = data["param.base_conv.weight"].shape[-1]
@@ -282,7 +286,7 @@ def test_model_to_channels_last_keeps_the_function():
     """timm's --channels-last calls model.to(memory_format=channels_last); the 5-D level weights must survive it."""
     import timm
 
-    model = timm.create_model("wtconvnext_atto", wtconv_backend="triton").to(DEVICE).eval()
+    model = timm.create_model("test_wtconvnext", wtconv_backend="triton").to(DEVICE).eval()
     x = torch.randn(1, 3, 32, 32, device=DEVICE)
     with torch.no_grad():
         y = model(x)
