@@ -56,9 +56,10 @@ def _case(name: str, batch: int) -> dict:
     if name.startswith("wtconvnext"):
         import torch._higher_order_ops.triton_kernel_wrap as tkw
 
+        from wtconvnext.ops.ttir_memo import MEMOISED
+
         row["memo"] = {n: dict(hits=getattr(tkw, n).hits, misses=getattr(tkw, n).misses)
-                       for n in ("identify_accessed_tensors", "identify_mutated_tensors", "generate_ttir")
-                       if getattr(getattr(tkw, n, None), "wtconvnext_memo", False)}
+                       for n in MEMOISED if getattr(getattr(tkw, n, None), "wtconvnext_memo", False)}
     return row
 
 

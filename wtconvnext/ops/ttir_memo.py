@@ -3,11 +3,11 @@
 To learn which arguments a ``wrap_triton`` launch reads and writes, torch.compile generates the kernel's TTIR and
 walks it at every launch site, and again in each pass that needs it (functionalisation, AOTAutograd's metadata and
 joint-graph traces, Inductor's lowering), with no cache (``torch._higher_order_ops.triton_kernel_wrap``:
-``generate_ttir`` and ``identify_accessed_tensors``, ``identify_mutated_tensors`` before torch 2.12). A WTConvNeXt-T
+``identify_accessed_tensors``, ``identify_mutated_tensors`` before torch 2.12, each generating the TTIR). A WTConvNeXt-T
 train step has about 850 such calls; on the H200's host its first compiled step took more than five minutes,
 against 41 s for ConvNeXt-T.
 
-Both depend only on the kernel, its constexprs, Triton's specialisation of its other arguments (a tensor's dtype; an
+The result depends only on the kernel, its constexprs, Triton's specialisation of its other arguments (a tensor's dtype; an
 int's being 1, a multiple of 16, or past 32 bits) and which arguments are tensors. Keyed on exactly those, one
 analysis serves every launch site of a kernel configuration. Other kernels pass straight through.
 """
@@ -23,11 +23,12 @@ import torch
 
 __all__ = ["install", "launch_key", "MEMOISED"]
 
-# The analysis functions memoised, by name in torch._higher_order_ops.triton_kernel_wrap, each (kernel, kwargs,
-# TMA descriptor metadata, ...). The first two return a fresh copy of a hit; generate_ttir's TTIR module is shared.
-MEMOISED = ("identify_accessed_tensors", "identify_mutated_tensors", "generate_ttir")
+# The analysis function memoised, by its name in torch._higher_order_ops.triton_kernel_wrap across torch versions,
+# each (kernel, kwargs, TMA descriptor metadata): a hit returns a fresh copy. (generate_ttir, which they call, is left
+# alone: with the analysis memoised it is called only on a miss.)
+MEMOISED = ("identify_accessed_tensors", "identify_mutated_tensors")
 
-_MAX_KEPT = 1024  # configurations held (each a TTIR module): bound it for workloads of ever-new constexprs
+_MAX_KEPT = 1024  # configurations held: bound it for workloads of ever-new constexprs
 _lock = threading.Lock()
 
 
@@ -64,10 +65,8 @@ def _arg_key(value: Any, constexpr: bool) -> Any:
     return ("?", type(value).__name__, repr(value))
 
 
-def launch_key(kernel: Any, kwargs: dict[str, Any], tma: Any = None) -> Optional[tuple]:
-    """The memo key of a launch of ``kernel`` (a ``triton.JITFunction`` or an autotuner of one) with ``kwargs``,
-    or None when it is not one of this package's kernels (or the arguments are not the kernel's parameters) and must
-    not be memoised."""
+def _keyed(kernel: Any, kwargs: dict[str, Any], tma: Any) -> Optional[tuple[Any, tuple]]:
+    """(the JITFunction, the memo key) of a launch, or None when it must not be memoised."""
     # By the JITFunction: torch wraps each launch's kernel in an autotuner of its own (one config: the launch's
     # num_warps and such, which the TTIR does not depend on).
     kernel, kwargs = _jit_function(kernel, kwargs)
@@ -78,38 +77,40 @@ def launch_key(kernel: Any, kwargs: dict[str, Any], tma: Any = None) -> Optional
     # Extra names are launch options (num_warps...), which the analysis drops: they do not change the TTIR.
     if names is None or params is None or not set(names) <= set(kwargs):
         return None
-    return (id(kernel), tuple(kwargs)) + tuple(
+    return kernel, (id(kernel), tuple(kwargs)) + tuple(
         (n, _arg_key(kwargs[n], bool(getattr(p, "is_constexpr", False)))) for n, p in zip(names, params)
     )
 
 
-def _fresh(out: Any, share: bool) -> Any:
-    if share:  # (TTIR module, argument names): the module is read only; callers own the name list
-        return tuple(list(v) if isinstance(v, list) else v for v in out) if isinstance(out, tuple) else out
-    return copy.deepcopy(out)
+def launch_key(kernel: Any, kwargs: dict[str, Any], tma: Any = None) -> Optional[tuple]:
+    """The memo key of a launch of ``kernel`` (a ``triton.JITFunction`` or an autotuner of one) with ``kwargs``,
+    or None when it is not one of this package's kernels (or the arguments are not the kernel's parameters) and must
+    not be memoised."""
+    keyed = _keyed(kernel, kwargs, tma)
+    return None if keyed is None else keyed[1]
 
 
-def _memoised(real: Callable, share: bool) -> Callable:
+def _memoised(real: Callable) -> Callable:
     memo: dict[tuple, tuple[Any, Any]] = {}
 
     @functools.wraps(real)
     def memoised(kernel, kwargs, *args, **kw):
-        key = launch_key(kernel, kwargs, args[0] if args else kw.get("tma_descriptor_metadata"))
-        if key is None:
+        keyed = _keyed(kernel, kwargs, args[0] if args else kw.get("tma_descriptor_metadata"))
+        if keyed is None:
             return real(kernel, kwargs, *args, **kw)
-        jit = _jit_function(kernel, {})[0]
+        jit, key = keyed
         with _lock:
             hit = memo.get(key)
         if hit is not None and hit[0] is jit:
             memoised.hits += 1
-            return _fresh(hit[1], share)
+            return copy.deepcopy(hit[1])
         out = real(kernel, kwargs, *args, **kw)
         with _lock:
             if len(memo) >= _MAX_KEPT:
                 memo.clear()
             memo[key] = (jit, out)  # the kernel is held, so its id is not reused while the entry lives
         memoised.misses += 1
-        return _fresh(out, share)
+        return copy.deepcopy(out)
 
     memoised.hits = memoised.misses = 0
     memoised.wtconvnext_memo = True
@@ -129,6 +130,6 @@ def install() -> list[str]:
         if real is None:
             continue
         if not getattr(real, "wtconvnext_memo", False):
-            setattr(tkw, name, _memoised(real, share=name == "generate_ttir"))
+            setattr(tkw, name, _memoised(real))
         done.append(name)
     return done
