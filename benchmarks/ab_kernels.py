@@ -107,6 +107,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tuning", nargs="+", metavar="KEY=VALUE",
                     help="baseline: today's TUNING; current: with these entries changed")
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=list(DTYPES))
+    ap.add_argument("--shapes", nargs="+", type=int, default=None, choices=range(len(SHAPES)),
+                    help=f"indices into bench_layer's shapes {SHAPES} (default: all)")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--check", action="store_true", help="one small shape, run once: checks the script")
@@ -120,7 +122,9 @@ def main(argv=None) -> int:
         print("ab_kernels.py needs a CUDA GPU (or --check --device cpu with TRITON_INTERPRET=1)", file=sys.stderr)
         return 2
     timed = on_gpu and not args.check
-    shapes = SHAPES if timed else [(2, 8, 9, 10, 2)]
+    shapes = [SHAPES[i] for i in args.shapes] if args.shapes else SHAPES
+    if not timed:
+        shapes = [(2, 8, 9, 10, 2)]
     k = 5
     rows = []
     print(f"{'dtype':5} {'B,C,H,W,L':18} {'part':6} {'baseline ms':>12} {'current ms':>11} {'speedup':>8} "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The kernel-model A/B of issue 14 (one or two GPU calls): FMA (explicit columns) vs tensor-core (mma) convolutions.
-#   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [abmma] [layer] [profile] [compiled] [pmodel]
+#   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [abmma] [layer] [profile] [compiled] [pmodel]
 #                          [graphs] [host]
 # (default: tests abtune layer profile, into results/gpu_ab; about 4, 2.5, 6, 5, 2.5, 2, 3, 3, 5.5 and 3 minutes
 # on an H200: device calls of at most 10 minutes, e.g. "compiled pmodel", "abrows abtune", "tests layer profile",
@@ -29,7 +29,7 @@ step() {  # step SECONDS LOG command...
   timeout "$limit" "$@" 2>&1 | tee "$out/$log" || rc=1
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
-more="synthesising or unrolled or compile_fullgraph or one_launch or ttir"
+more="synthesising or unrolled or compile_fullgraph or one_launch or ttir or small_maps"
 if [[ "$what" == *tests* ]]; then
   step 240 tests.log "$py" -m pytest -q -rf --tb=short tests/test_ops_triton.py tests/gpu/test_gpu.py tests/test_ttir_memo.py \
     -k "mma or golden or dtypes or low_precision or deterministic or fast_launch or $more"
@@ -46,6 +46,14 @@ if [[ "$what" == *abtune* ]]; then  # the FMA kernels' opt-in loop variants, eac
   for t in syn1=1 conv_unroll=1 wgrad_unroll=1 "syn1=1 conv_unroll=1 wgrad_unroll=1"; do
     tag=$(echo "$t" | tr ' =' '_-')
     step 120 "ab_$tag.txt" "$py" benchmarks/ab_kernels.py --tuning $t --dtypes bf16 --out "$out/ab_$tag.json"
+  done
+fi
+if [[ "$what" == *absmall* ]]; then  # the one-launch pass of small maps (small_kernels.py) against the multi-launch one
+  for t in "small_max=16" "small_max=16 small_bw=7" "small_max=16 small_bc=64 small_warps=2" "small_max=32"; do
+    tag=$(echo "$t" | tr ' =' '_-')
+    shapes="2 3"; [[ "$t" == *32* ]] && shapes="1 2 3"
+    step 120 "ab_$tag.txt" "$py" benchmarks/ab_kernels.py --tuning $t --shapes $shapes --dtypes bf16 \
+      --out "$out/ab_$tag.json"
   done
 fi
 if [[ "$what" == *abmma* ]]; then

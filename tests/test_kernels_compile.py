@@ -75,7 +75,28 @@ def _cases():
              ROUND=None, MMA_K=0)
     yield tk._param_grads_kernel, dict(bpart_ptr=f32, lpart_ptr=f32, **{k: bf16 for k in [*params, *grads]}, **ints), \
         dict(C=96, K=5, TP=32, LEVELS=2, BW=7, HAS_BIAS=False, BLOCK_C=64, COMPUTE=fp, ROUND=None, MMA_K=0)
+    yield from _small_cases()
     yield from _mma_cases()
+
+
+def _small_cases():
+    """The one-launch pass of small maps (wtconvnext/ops/small_kernels.py): forward and input gradient, levels 0
+    to 4, a stride, K = 3 / 5 / 7, and every int argument 1."""
+    import triton.language as tl
+
+    from wtconvnext.ops import small_kernels as sk
+
+    bf16, f32, i32 = "*bf16", "*fp32", "i32"
+    ptrs = dict(x_ptr=bf16, coef_ptr=bf16, filt_ptr=bf16, filt_off=i32, y_ptr=bf16, bw_ptr=f32, bb_ptr=f32,
+                lw_ptr=f32)
+    for k, levels, hm, stride, fwd in ((5, 3, 16, 1, True), (5, 2, 8, 1, False), (3, 4, 16, 2, True),
+                                       (7, 1, 4, 1, True), (5, 0, 8, 1, True)):
+        yield sk._small_kernel, dict(**ptrs, H=i32, W=i32, B=i32), dict(
+            C=384, K=k, LEVELS=levels, HM=hm, WM=hm, BW=4, BC=32, CHUNK=16, STRIDE=stride, HAS_BIAS=fwd,
+            FLIP=not fwd, HAS_COEF=not fwd, COMPUTE=tl.float32, UNROLL=levels == 2)
+    yield sk._small_kernel, dict(**ptrs), dict(H=1, W=1, B=1, C=96, K=5, LEVELS=2, HM=1, WM=1, BW=4, BC=32, CHUNK=16,
+                                               STRIDE=1, HAS_BIAS=True, FLIP=False, HAS_COEF=False,
+                                               COMPUTE=tl.float32, UNROLL=False)
 
 
 def _mma_cases():
@@ -116,7 +137,7 @@ def _compile_all() -> int:
     failed = 0
     for fn, signature, constexprs in _cases():
         try:
-            warps = 4
+            warps = 1 if fn.__name__ == "_small_kernel" else 4
             if fn.__name__.startswith("_mma"):
                 from wtconvnext.ops import mma_kernels as mk
 

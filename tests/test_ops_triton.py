@@ -393,6 +393,39 @@ def test_backward_analyses_x_and_dy_in_one_launch(monkeypatch):
                                     "_conv_kernel", "_synthesis_kernel", "_conv_kernel"]), names
 
 
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[4], SHAPES[5], SHAPES[6], SHAPES[7]],
+                         ids=["L2", "7x7", "L6", "s2", "s3odd", "1x1"])
+def test_small_maps_one_launch_per_pass(shape, monkeypatch):
+    """TUNING small_max: a map of at most that many rows and columns runs the forward and the input gradient in
+    one launch each (small_kernels.py), in float64 as exact as the multi-launch path: odd maps, strides, more
+    levels than the map halves, 1 x 1."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 16})
+    names = _spy_launches(monkeypatch)
+    _float64_matches_reference(shape)
+    assert names.count("_small_kernel") == 2, names
+    assert "_synthesis_kernel" not in names and "_conv_kernel" not in names, names
+
+
+@pytest.mark.parametrize("tuning", [dict(), dict(small_bw=7, small_bc=16, small_chunk=4, conv_unroll=1)],
+                         ids=["default", "wide-strips"])
+def test_small_maps_bitwise_as_multi_launch(tuning, monkeypatch):
+    """The one-launch pass runs the multi-launch path's device functions in the same order on the same buffers:
+    bf16 outputs and gradients are bitwise those of the multi-launch kernels (channels split unevenly)."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    c, k, levels = 33, 5, 2
+    params = [p.to(torch.bfloat16) for p in _params(c, k, levels, True, torch.float64)]
+    x = torch.randn(2, c, 7, 6, device=DEVICE).to(torch.bfloat16)
+    outs = []
+    for small_max in (0, 16):
+        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, **tuning, "small_max": small_max})
+        outs.append(_run(x, params, 1, "triton")[0])
+    for name, a, b in zip(NAMES, *outs):
+        assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("shape", [SHAPES[2], SHAPES[5], SHAPES[9]], ids=["K7", "s2", "K11"])
 def test_rows_unrolled(shape, monkeypatch):
     """TUNING conv_unroll=1, wgrad_unroll=1: the convolutions' and the weight gradients' middle rows in unrolled

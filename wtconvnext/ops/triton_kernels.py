@@ -137,20 +137,11 @@ def _conv_kernel(
         wb = w_ptr
     cc = tl.program_id(1) * BC + tl.arange(0, BC)
     cmask = cc < CC
-    wts = ()
-    for t in tl.static_range(K * K):
-        wts = wts + (tl.load(wb + t * CC + cc, mask=cmask, other=0.0).to(COMPUTE),)
+    wts = _conv_weights(wb, cc, cmask, CC, K, COMPUTE)
     if HAS_BIAS:
         bias = tl.load(b_ptr + cc, mask=cmask, other=0.0).to(COMPUTE)
-    inm = ()
-    for i in tl.static_range(NI):
-        inm = inm + (cmask & (n0 + (i - PAD) >= 0) & (n0 + (i - PAD) < w),)
-    outm = ()
-    for q in tl.static_range(BW):
-        if STRIDE > 1:
-            outm = outm + (cmask & (n0 + q < w) & ((n0 + q) % STRIDE == 0),)
-        else:
-            outm = outm + (cmask & (n0 + q < w),)
+    else:
+        bias = tl.zeros(cc.shape, dtype=COMPUTE)
     rs = tl.cast(w * CC, tl.int64)
     xb = xb0 + b * h * rs + n0 * CC + cc
     ab = acc_ptr + b * h * rs + n0 * CC + cc
@@ -168,11 +159,41 @@ def _conv_kernel(
         t1p = ab
         a2p = ab
         rs1 = rs
-    if not HAS_BIAS:
-        bias = tl.zeros((BC,), dtype=COMPUTE)
+    _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
+                CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, UNROLL)
+
+
+@triton.jit
+def _conv_weights(wb, cc, cmask, CC: tl.constexpr, K: tl.constexpr, COMPUTE: tl.constexpr):
+    """The K*K taps' weight vectors (taps-major, CC channels apart) of the channels ``cc``, in COMPUTE."""
+    wts = ()
+    for t in tl.static_range(K * K):
+        wts = wts + (tl.load(wb + t * CC + cc, mask=cmask, other=0.0).to(COMPUTE),)
+    return wts
+
+
+@triton.jit
+def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
+                CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.constexpr, HAS_ACC: tl.constexpr,
+                HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr,
+                HAS_ACC2: tl.constexpr, UNROLL: tl.constexpr):
+    """One strip of BW output columns from column n0 of an (h, w) map, walked down every row: ``xb`` / ``ab`` point
+    at row 0, column n0 of the input / the added map (row stride ``rs``), ``yb`` at the output's row 0, column 0
+    (row stride ``ors``); the channel vectors take the shape of ``cmask``."""
+    PAD: tl.constexpr = K // 2
+    NI: tl.constexpr = BW + K - 1
+    inm = ()
+    for i in tl.static_range(NI):
+        inm = inm + (cmask & (n0 + (i - PAD) >= 0) & (n0 + (i - PAD) < w),)
+    outm = ()
+    for q in tl.static_range(BW):
+        if STRIDE > 1:
+            outm = outm + (cmask & (n0 + q < w) & ((n0 + q) % STRIDE == 0),)
+        else:
+            outm = outm + (cmask & (n0 + q < w),)
     acc = ()
     for _ in tl.static_range(K * BW):
-        acc = acc + (tl.zeros((BC,), dtype=COMPUTE),)
+        acc = acc + (tl.zeros(cmask.shape, dtype=COMPUTE),)
     # The next row is loaded while this one is computed (loop-carried, raw dtype): the FMAs hide the latency.
     nxt = ()
     for i in tl.static_range(NI):
@@ -763,9 +784,14 @@ TUNING: dict[str, int] = {
     # moves for the rolling accumulators, K times the loop's code); wgrad_unroll = 1: the same for the weight
     # gradients' x rows (the K dy rows in flight). All off until a GPU A/B (ab_kernels.py --tuning) decides.
     "syn1": 0, "conv_unroll": 0, "wgrad_unroll": 0,
+    # Maps of at most small_max rows and columns run a whole pass in one launch (small_kernels.py): a program per
+    # image and small_bc channels, small_warps warps, strips of small_bw columns, small_chunk positions per
+    # analysis / synthesis step. 0: never.
+    "small_max": 0, "small_bw": 4, "small_bc": 32, "small_warps": 1, "small_chunk": 16,
 }
 _FLAG_KEYS = ("syn1", "conv_unroll", "wgrad_unroll")  # 0 or 1, not sizes
-_POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc")
+_ZERO_KEYS = ("small_max",)  # 0 turns the path off
+_POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk")
 
 def _tuning_from_env() -> None:
     path = os.environ.get("WTCONVNEXT_TUNING")
@@ -778,7 +804,7 @@ def _tuning_from_env() -> None:
     if not isinstance(values, dict):
         raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: expected a JSON object of launch shapes")
     bad = {k: v for k, v in values.items()
-           if k not in TUNING or not isinstance(v, int) or v < (0 if k in _FLAG_KEYS else 1) or
+           if k not in TUNING or not isinstance(v, int) or v < (0 if k in _FLAG_KEYS + _ZERO_KEYS else 1) or
            (k in _FLAG_KEYS and v > 1)}
     if bad:
         raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: unknown keys or non-positive values {bad}; "
@@ -1037,6 +1063,9 @@ def wtconv_forward(
         syn1 = bool(_mma.MMA_TUNING["syn1"])
     else:
         syn1 = bool(TUNING["syn1"]) and TUNING["conv_bw"] % 2 == 0
+    if levels and not _mma.mma_applies(x.dtype, k) and max(h, w) <= TUNING["small_max"]:
+        _small_pass(x, out, base_w, base_b, level_w, stride, flip, coef)
+        return out
     acc: Optional[Tensor] = None
     acc2: Optional[Tensor] = None
     acc2_off = 0
@@ -1066,6 +1095,28 @@ def wtconv_forward(
                  k, 0, stride, acc is not None, base_b is not None, flip, syn1=syn1 and acc is not None, acc2=acc2,
                  acc2_off=acc2_off)
     return out
+
+
+def _small_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor], level_w: Tensor, stride: int,
+                flip: bool, coef: Optional[Tensor]) -> None:
+    """:func:`wtconv_forward` of a small map in one launch (``small_kernels``); its two level buffers are one
+    allocation unless x's coefficients are given."""
+    bsz, ch, h, w = x.shape
+    levels, k = level_w.shape[0], base_w.shape[0]
+    n = _offsets(bsz, ch, h, w, levels)[-1]
+    if coef is None:
+        coef = filt = torch.empty((2 * n,), device=x.device, dtype=x.dtype)
+        filt_off = n
+    else:
+        filt, filt_off = torch.empty_like(coef), 0
+    bc = _block_c(ch, TUNING["small_bc"])
+    _launch(
+        _small._small_kernel, (bsz, _cdiv(ch, bc)),
+        (x, coef, filt, filt_off, out, base_w, base_w if base_b is None else base_b, level_w, h, w, bsz),
+        TUNING["small_warps"], C=ch, K=k, LEVELS=levels, HM=_pow2(h), WM=_pow2(w), BW=TUNING["small_bw"], BC=bc,
+        CHUNK=TUNING["small_chunk"], STRIDE=stride, HAS_BIAS=base_b is not None, FLIP=flip,
+        HAS_COEF=filt_off == 0, COMPUTE=_compute_dtype(x.dtype), UNROLL=bool(TUNING["conv_unroll"]),
+    )
 
 
 def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h: int, w: int, bsz: int, cc: int,
@@ -1185,3 +1236,4 @@ def param_grads(
 
 
 from . import mma_kernels as _mma  # noqa: E402  (its kernels use _round, defined above)
+from . import small_kernels as _small  # noqa: E402  (built from the device functions above)
