@@ -31,8 +31,14 @@ step() {  # step SECONDS LOG command...
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
 more="synthesising or unrolled or compile_fullgraph or one_launch or ttir or small_maps"
 if [[ "$what" == *tests* ]]; then
-  step 240 tests.log "$py" -m pytest -q -rf --tb=short tests/test_ops_triton.py tests/gpu/test_gpu.py tests/test_ttir_memo.py \
-    -k "mma or golden or dtypes or low_precision or deterministic or fast_launch or $more"
+  # Three processes side by side: compiling the kernels' specialisations (CPU-bound) is most of the time.
+  sel="mma or golden or dtypes or low_precision or deterministic or fast_launch or $more"
+  for f in tests/test_ops_triton.py tests/gpu/test_gpu.py tests/test_ttir_memo.py; do
+    n=$(basename "$f" .py)
+    timeout 420 "$py" -m pytest -q -rf --tb=short "$f" -k "$sel" > "$out/tests_$n.log" 2>&1 &
+  done
+  wait || true
+  for f in "$out"/tests_*.log; do echo "== $f"; tail -15 "$f"; grep -q " passed" "$f" && ! grep -q "failed\|error" "$f" || rc=1; done
 fi
 if [[ "$what" == *abrows* ]]; then  # today's FMA kernels against an earlier copy ($AB_BASELINE, e.g. of 123b293)
   if [[ -f "${AB_BASELINE:-}" ]]; then

@@ -376,21 +376,26 @@ def test_base_convolution_synthesising_level1(shape, monkeypatch):
     assert names.count("_synthesis_kernel") == 2 * len(tk._chunks(levels, 2)), names
 
 
-def test_backward_analyses_x_and_dy_in_one_launch(monkeypatch):
+@pytest.mark.parametrize("small", [False, True], ids=["multi-launch", "small-map"])
+def test_backward_analyses_x_and_dy_in_one_launch(small, monkeypatch):
     """A layer launches its kernels in the count the README gives: forward fold, analysis, level convolution,
     synthesis, base convolution; backward one analysis of x and dy together, two weight-gradient walks, the
-    chain-rule kernel, and the input gradient's level convolution, synthesis and base convolution."""
+    chain-rule kernel, and the input gradient's level convolution, synthesis and base convolution. A small map
+    (TUNING small_max) runs each pass's analysis-to-base-convolution in one launch: 2 forward, 5 backward."""
+    from wtconvnext.ops import triton_kernels as tk
     from wtconvnext.ops import wtconv2d
 
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 16 if small else 0})
     x = torch.randn(2, 8, 11, 9, device=DEVICE).contiguous(memory_format=torch.channels_last).requires_grad_()
     ps = [t.requires_grad_() for t in _params(8, 5, 3, True, torch.float32)]
     names = _spy_launches(monkeypatch)
     y = wtconv2d(x, *ps, backend="triton")
-    assert names == ["_fold_kernel", "_analysis_kernel", "_conv_kernel", "_synthesis_kernel", "_conv_kernel"]
+    passes = ["_small_kernel"] if small else ["_conv_kernel", "_synthesis_kernel", "_conv_kernel"]
+    assert names == ["_fold_kernel"] + (passes if small else ["_analysis_kernel"] + passes), names
     del names[:]
     y.backward(torch.randn_like(y))
     assert sorted(names) == sorted(["_analysis_kernel", "_wgrad_kernel", "_wgrad_kernel", "_param_grads_kernel",
-                                    "_conv_kernel", "_synthesis_kernel", "_conv_kernel"]), names
+                                    *passes]), names
 
 
 @pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[4], SHAPES[5], SHAPES[6], SHAPES[7]],

@@ -786,8 +786,11 @@ TUNING: dict[str, int] = {
     "syn1": 0, "conv_unroll": 0, "wgrad_unroll": 0,
     # Maps of at most small_max rows and columns run a whole pass in one launch (small_kernels.py): a program per
     # image and small_bc channels, small_warps warps, strips of small_bw columns, small_chunk positions per
-    # analysis / synthesis step. 0: never.
-    "small_max": 0, "small_bw": 4, "small_bc": 32, "small_warps": 1, "small_chunk": 16,
+    # analysis / synthesis step. 0: never. H200, bf16, B=128 (results/h200/summary.md, session 18): forward /
+    # input gradient 1.12x / 1.14x the multi-launch passes at 14 x 14, 1.65x / 1.40x at 7 x 7; 64 channels and two
+    # warps beat 32 and one (1.06x / 1.64x), strips of 7 columns lost (0.84x at 14 x 14); at 28 x 28 (small_max 32)
+    # it ran at 0.55x: a program per image leaves too few warps there.
+    "small_max": 16, "small_bw": 4, "small_bc": 64, "small_warps": 2, "small_chunk": 16,
 }
 _FLAG_KEYS = ("syn1", "conv_unroll", "wgrad_unroll")  # 0 or 1, not sizes
 _ZERO_KEYS = ("small_max",)  # 0 turns the path off
