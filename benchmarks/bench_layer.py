@@ -104,6 +104,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="results/layer.json")
     ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, and skip the slow reference path")
+    ap.add_argument("--shapes", nargs="+", type=int, default=None, choices=range(len(SHAPES)), metavar="I",
+                    help=f"indices into {SHAPES} (default: all)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_layer.py needs a CUDA GPU", file=sys.stderr)
@@ -113,7 +115,7 @@ def main(argv=None) -> int:
     rows = []
     for dname in args.dtypes:
         dtype = DTYPES[dname]
-        for b, c, h, w, levels in SHAPES:
+        for b, c, h, w, levels in [SHAPES[i] for i in args.shapes] if args.shapes else SHAPES:
             cases = _cases(b, c, h, w, levels, dtype)
             for name, (fwd, fwdbwd, _) in cases.items():
                 if args.quick and name == "wtconv_reference":
@@ -122,6 +124,8 @@ def main(argv=None) -> int:
                 row = dict(dtype=dname, B=b, C=c, H=h, W=w, levels=levels, impl=name,
                            fwd_ms=_bench(fwd, rep=rep), fwdbwd_ms=_bench(fwdbwd, rep=rep), peak_mb=_peak_mb(fwdbwd))
                 rows.append(row)
+                print(f"{dname} {b},{c},{h},{w},{levels} {name}: fwd {row['fwd_ms']:.3f} ms, fwd+bwd "
+                      f"{row['fwdbwd_ms']:.3f} ms, {row['peak_mb']:.1f} MB", flush=True)
             del cases
             torch.cuda.empty_cache()
 

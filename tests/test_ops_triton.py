@@ -329,13 +329,16 @@ def test_coefficients_are_the_haar_subbands(dtype):
     dict(conv_bw=2, syn1=1),  # level 1 synthesised by the base convolution, strips of one 2 x 2 block
     # Odd strips: syn1 does not apply, the synthesis launch does level 1.
     dict(conv_bw=11, wgrad_bw=9, syn1=1, conv_unroll=1, wgrad_unroll=1),
-], ids=["tiny-tiles", "large-tiles", "syn1-narrow", "syn1-odd-strips-unrolled"])
+    # The one-launch pass of small maps: one-column strips, two-channel blocks, one-position steps; and wide ones.
+    dict(small_max=16, small_bw=1, small_bc=2, small_warps=1, small_chunk=1),
+    dict(small_max=16, small_bw=11, small_bc=16, small_warps=4, small_chunk=256),
+], ids=["tiny-tiles", "large-tiles", "syn1-narrow", "syn1-odd-strips-unrolled", "small-tiny", "small-large"])
 def test_launch_shapes_do_not_change_results(tuning, monkeypatch):
     """Column strips, channel blocks, image groups and patch chunks that split maps, images and channels
     unevenly (and strips wider than the maps)."""
     from wtconvnext.ops import triton_kernels as tk
 
-    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, **tuning})
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, **tuning})  # the multi-launch path unless set
     b, c, h, w, k, levels, stride, bias = 2, 3, 9, 10, 3, 3, 1, True  # coarse maps 5x5, 3x3, 2x2
     params = _params(c, k, levels, bias, torch.float64)
     x = torch.randn(b, c, h, w, dtype=torch.float64, device=DEVICE)
@@ -368,7 +371,7 @@ def test_base_convolution_synthesising_level1(shape, monkeypatch):
     than the map halves."""
     from wtconvnext.ops import triton_kernels as tk
 
-    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "syn1": 1})
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "syn1": 1, "small_max": 0})
     names = _spy_launches(monkeypatch)
     _float64_matches_reference(shape)
     levels = shape[5]
