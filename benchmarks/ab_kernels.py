@@ -50,8 +50,9 @@ def _load(path: str) -> ModuleType:
 
 
 def _parts(mod: ModuleType, x, dy, params, k: int, levels: int):
-    """The three timed callables of one version, each returning what it computed: the forward, the input
-    gradient, and the parameters' gradients; each includes the analyses of x or dy it needs."""
+    """The timed callables of one version, each returning what it computed: the forward, the input gradient, the
+    parameters' gradients, each with the analyses of x or dy it needs, and (versions with coefficient buffers) the
+    whole backward as the op runs it."""
     out = torch.empty_like(x)
     dx = torch.empty_like(x)
     fold = mod.folded_weights(*params)
@@ -65,6 +66,18 @@ def _parts(mod: ModuleType, x, dy, params, k: int, levels: int):
         def wgrad():
             parts = mod.weight_partials(x, dy, mod.coefficients(x, levels), mod.coefficients(dy, levels), k, levels)
             return mod.param_grads(parts, tuple(x.shape), *params)
+
+        def bwd():  # the whole backward as the op runs it: one launch for a small map where the version has it
+            if hasattr(mod, "small_backward") and mod.small_applies(x, levels, k):
+                parts = mod.small_backward(x, dy, dx, fold[0], fold[2])
+            else:
+                pair = getattr(mod, "coefficient_pair", None)
+                cx, cdy = pair(x, dy, levels) if pair else (mod.coefficients(x, levels), mod.coefficients(dy, levels))
+                parts = mod.weight_partials(x, dy, cx, cdy, k, levels)
+                mod.wtconv_forward(dy, dx, fold[0], None, fold[2], 1, flip=True, coef=cdy)
+            return mod.param_grads(parts, tuple(x.shape), *params), dx
+
+        return {"fwd": fwd, "dx": dgrad, "wgrad": wgrad, "bwd": bwd}
     else:  # low-pass-pyramid kernels (v5 to v7)
         def fwd():
             return mod.wtconv_forward(mod.ll_pyramid(x, levels), out, *fold, 1)
@@ -140,7 +153,7 @@ def main(argv=None) -> int:
                          for p, on in zip(parts, (False, True))]
             elif overrides:
                 parts[1] = {name: with_entries(fn, current.TUNING, overrides) for name, fn in parts[1].items()}
-            for part in ("fwd", "dx", "wgrad"):
+            for part in [p for p in ("fwd", "dx", "wgrad", "bwd") if all(p in q for q in parts)]:
                 results = [p[part]() for p in parts]  # also compiles outside the timing
                 diff = _max_rel(results[1], results[0])
                 if timed:

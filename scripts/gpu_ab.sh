@@ -54,11 +54,12 @@ if [[ "$what" == *abtune* ]]; then  # the FMA kernels' opt-in loop variants, eac
     step 120 "ab_$tag.txt" "$py" benchmarks/ab_kernels.py --tuning $t --dtypes bf16 --out "$out/ab_$tag.json"
   done
 fi
-if [[ "$what" == *absmall* ]]; then  # the one-launch pass of small maps (small_kernels.py) against the multi-launch one
-  for t in "small_max=16" "small_max=16 small_bw=7" "small_max=16 small_bc=64 small_warps=2" "small_max=32"; do
+if [[ "$what" == *absmall* ]]; then
+  # The one-launch passes of small maps (small_kernels.py, default) against the multi-launch ones (small_max=0:
+  # speedups below 1 favour the default), and the small path's launch variants, at stages 3-4.
+  for t in "small_max=0" "small_bc=32 small_warps=1" "small_bc=128 small_warps=4" "conv_unroll=1 wgrad_unroll=1"; do
     tag=$(echo "$t" | tr ' =' '_-')
-    shapes="2 3"; [[ "$t" == *32* ]] && shapes="1 2 3"
-    step 120 "ab_$tag.txt" "$py" benchmarks/ab_kernels.py --tuning $t --shapes $shapes --dtypes bf16 \
+    step 150 "ab_$tag.txt" "$py" benchmarks/ab_kernels.py --tuning $t --shapes 2 3 --dtypes bf16 \
       --out "$out/ab_$tag.json"
   done
 fi

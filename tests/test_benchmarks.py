@@ -18,7 +18,8 @@ pytestmark = pytest.mark.triton
 
 # A baseline that differs from the current kernels in one known way: its forward launcher scales what it computes by
 # 1 + 1e-3. The forward and the input-gradient pass (the same launcher, rotated kernels) must show that difference;
-# the weight gradients, which do not use it, must not.
+# the weight gradients, which do not use it, must not, nor the whole backward of the --check shape (a small map: one
+# launch of its own).
 _PERTURBED_BASELINE = """
 import functools
 from wtconvnext.ops import triton_kernels as _current
@@ -46,10 +47,10 @@ def test_ab_kernels_script_reports_what_differs(tmp_path: Path) -> None:
         args = ["--baseline", str(baseline), "--dtypes", "fp32", "--device", device, "--check", "--out", str(out)]
         assert ab_kernels.main(args) == 0
         rows = json.loads(out.read_text())["rows"]
-        assert [r["part"] for r in rows] == ["fwd", "dx", "wgrad"]
+        assert [r["part"] for r in rows] == ["fwd", "dx", "wgrad", "bwd"]
         diffs[name] = {r["part"]: r["max_rel_diff"] for r in rows}
-    assert diffs["same"] == {"fwd": 0.0, "dx": 0.0, "wgrad": 0.0}
-    assert diffs["perturbed"]["wgrad"] == 0.0
+    assert diffs["same"] == {"fwd": 0.0, "dx": 0.0, "wgrad": 0.0, "bwd": 0.0}
+    assert diffs["perturbed"]["wgrad"] == 0.0 and diffs["perturbed"]["bwd"] == 0.0
     for part in ("fwd", "dx"):
         assert diffs["perturbed"][part] == pytest.approx(1e-3 / (1 + 1e-3), rel=1e-3), part
 
@@ -60,7 +61,7 @@ def test_ab_kernels_mma_mode(tmp_path: Path) -> None:
     out = tmp_path / "mma.json"
     assert ab_kernels.main(["--mma", "--dtypes", "bf16", "--device", device, "--check", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [r["part"] for r in rows] == ["fwd", "dx", "wgrad"]
+    assert [r["part"] for r in rows] == ["fwd", "dx", "wgrad", "bwd"]
     assert all(r["max_rel_diff"] <= 1e-2 for r in rows), rows
     with pytest.raises(SystemExit):
         ab_kernels.main(["--device", "cpu", "--check"])  # neither --baseline nor --mma
@@ -74,7 +75,7 @@ def test_ab_kernels_tuning_mode(tmp_path: Path) -> None:
     assert ab_kernels.main(["--tuning", "syn1=1", "--dtypes", "fp32", "--device", device, "--check",
                             "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [r["part"] for r in rows] == ["fwd", "dx", "wgrad"]
+    assert [r["part"] for r in rows] == ["fwd", "dx", "wgrad", "bwd"]
     assert all(r["max_rel_diff"] <= 1e-5 for r in rows), rows
     with pytest.raises(SystemExit):
         ab_kernels.main(["--tuning", "nonsense=1", "--device", "cpu", "--check"])

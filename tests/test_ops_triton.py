@@ -384,7 +384,8 @@ def test_backward_analyses_x_and_dy_in_one_launch(small, monkeypatch):
     """A layer launches its kernels in the count the README gives: forward fold, analysis, level convolution,
     synthesis, base convolution; backward one analysis of x and dy together, two weight-gradient walks, the
     chain-rule kernel, and the input gradient's level convolution, synthesis and base convolution. A small map
-    (TUNING small_max) runs each pass's analysis-to-base-convolution in one launch: 2 forward, 5 backward."""
+    (TUNING small_max) runs the forward's analysis-to-base-convolution in one launch, and the backward but the
+    chain rule in another: 2 forward, 2 backward."""
     from wtconvnext.ops import triton_kernels as tk
     from wtconvnext.ops import wtconv2d
 
@@ -397,23 +398,25 @@ def test_backward_analyses_x_and_dy_in_one_launch(small, monkeypatch):
     assert names == ["_fold_kernel"] + (passes if small else ["_analysis_kernel"] + passes), names
     del names[:]
     y.backward(torch.randn_like(y))
-    assert sorted(names) == sorted(["_analysis_kernel", "_wgrad_kernel", "_wgrad_kernel", "_param_grads_kernel",
-                                    *passes]), names
+    if small:
+        assert names == ["_small_backward_kernel", "_param_grads_kernel"], names
+    else:
+        assert sorted(names) == sorted(["_analysis_kernel", "_wgrad_kernel", "_wgrad_kernel", "_param_grads_kernel",
+                                        *passes]), names
 
 
 @pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[4], SHAPES[5], SHAPES[6], SHAPES[7]],
                          ids=["L2", "7x7", "L6", "s2", "s3odd", "1x1"])
 def test_small_maps_one_launch_per_pass(shape, monkeypatch):
-    """TUNING small_max: a map of at most that many rows and columns runs the forward and the input gradient in
-    one launch each (small_kernels.py), in float64 as exact as the multi-launch path: odd maps, strides, more
-    levels than the map halves, 1 x 1."""
+    """TUNING small_max: a map of at most that many rows and columns runs the forward in one launch and the whole
+    backward (input gradient and weight-gradient partials) in another (small_kernels.py), in float64 as exact as
+    the multi-launch path: odd maps, strides, more levels than the map halves, 1 x 1."""
     from wtconvnext.ops import triton_kernels as tk
 
     monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 16})
     names = _spy_launches(monkeypatch)
     _float64_matches_reference(shape)
-    assert names.count("_small_kernel") == 2, names
-    assert "_synthesis_kernel" not in names and "_conv_kernel" not in names, names
+    assert names == ["_fold_kernel", "_small_kernel", "_small_backward_kernel", "_param_grads_kernel"], names
 
 
 @pytest.mark.parametrize("tuning", [dict(), dict(small_bw=7, small_bc=16, small_chunk=4, conv_unroll=1)],
@@ -427,8 +430,8 @@ def test_small_maps_bitwise_as_multi_launch(tuning, monkeypatch):
     params = [p.to(torch.bfloat16) for p in _params(c, k, levels, True, torch.float64)]
     x = torch.randn(2, c, 7, 6, device=DEVICE).to(torch.bfloat16)
     outs = []
-    for small_max in (0, 16):
-        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, **tuning, "small_max": small_max})
+    for small_max in (0, 16):  # one image per weight-gradient partial row, as the one-launch backward writes them
+        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, **tuning, "small_max": small_max, "wgrad_imgs": 1})
         outs.append(_run(x, params, 1, "triton")[0])
     for name, a, b in zip(NAMES, *outs):
         assert torch.equal(a, b), name
@@ -617,6 +620,6 @@ def test_mma_kernels_fall_back_where_they_do_not_apply(mma_launches):
 
     assert not mk.mma_applies(torch.float32, 5) and not mk.mma_applies(torch.bfloat16, 17)
     assert mk.mma_applies(torch.bfloat16, 15) and mk.mma_applies(torch.float16, 1)
-    x = torch.randn(1, 2, 6, 7, device=DEVICE)
+    x = torch.randn(1, 2, 6, 17, device=DEVICE)  # wider than small_max: the multi-launch kernels
     _run(x, _params(2, 3, 1, True, torch.float32), 1, "triton")
     assert "_conv_kernel" in mma_launches and "_mma_conv_kernel" not in mma_launches

@@ -8,8 +8,12 @@ the base convolution that adds acc_1 and the bias. The phases exchange data thro
 filtered-subband buffers as the multi-launch path (each program touches only its own image and channels, so no
 two programs share a byte) with a barrier between phases; L1 / L2 serve the re-reads.
 
+The backward is one launch as well (with the chain-rule kernel after it): a program analyses x and dy, writes its
+image's rows of the weight-gradient partials (the rows the weight-gradient kernel writes with one image per
+program) and then runs the input-gradient pass over dy's coefficients.
+
 The phases are the multi-launch path's own device functions with the same operand order and storage dtypes, so
-the results are bitwise those of that path (the tests check it).
+the results are bitwise those of that path (with one image per partial row there; the tests check it).
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_kernels import _analysis_level, _conv_strip, _conv_weights, _synthesis_level
+from .triton_kernels import _analysis_level, _conv_strip, _conv_weights, _synthesis_level, _wgrad_strip
 
-__all__ = ["_small_kernel"]
+__all__ = ["_small_kernel", "_small_backward_kernel"]
 
 
 @triton.jit
@@ -46,6 +50,97 @@ def _whole_synthesis(t, hc, wc, accin, dst, hf, wf, cc, cmask, HAS_ACC: tl.const
 
 
 @triton.jit
+def _image_analysis(src_ptr, coef_ptr, H, W, B, b, cc2, cm2, C: tl.constexpr, LEVELS: tl.constexpr,
+                    HM: tl.constexpr, WM: tl.constexpr, CHUNK: tl.constexpr, COMPUTE: tl.constexpr):
+    """Every level's subbands of image b of ``src_ptr`` (B, H, W, C), fine to coarse, each level from the low-pass
+    this program just wrote (a barrier between levels; the caller puts one after the last)."""
+    zero = b * 0
+    hs = H
+    ws = W
+    prev = zero
+    off = zero
+    for l in tl.static_range(LEVELS):
+        hd = (hs + 1) // 2
+        wd = (ws + 1) // 2
+        if l == 0:
+            _whole_analysis(src_ptr + cc2, C, hs, ws, coef_ptr + cc2, hd, wd, b, cc2, cm2, C, l + 1, HM, WM,
+                            CHUNK, COMPUTE)
+        else:
+            tl.debug_barrier()
+            _whole_analysis(coef_ptr + prev + cc2, 4 * C, hs, ws, coef_ptr + off + cc2, hd, wd, b, cc2, cm2,
+                            C, l + 1, HM, WM, CHUNK, COMPUTE)
+        prev = off
+        off += tl.cast(B * hd * wd, tl.int64) * (4 * C)
+        hs = hd
+        ws = wd
+
+
+@triton.jit
+def _image_pass(x_ptr, coef_ptr, filt_ptr, y_ptr, bw_ptr, bb_ptr, lw_ptr, H, W, B, b, c1, cm1,
+                C: tl.constexpr, K: tl.constexpr, LEVELS: tl.constexpr, HM: tl.constexpr, WM: tl.constexpr,
+                BW: tl.constexpr, BC: tl.constexpr, CHUNK: tl.constexpr, STRIDE: tl.constexpr,
+                HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr):
+    """A pass of image b from x's coefficients (already in ``coef_ptr``): the level convolutions, the synthesis
+    and the base convolution, with a barrier between phases."""
+    zero = b * 0  # an int64 zero: offsets into the level buffers can pass 2^31
+    cc2 = c1[None, :]
+    cm2 = cm1[None, :]
+    if LEVELS > 0:
+        # Every level's depthwise convolutions: subband by subband, strip by strip (one code copy: a loop).
+        zbias = tl.zeros((BC,), dtype=COMPUTE)
+        hl = H + 0 * tl.program_id(0)  # loop-carried: a tensor even where Triton specialises H == 1
+        wl = W + 0 * tl.program_id(0)
+        off = zero
+        for lv in range(LEVELS):
+            hl = (hl + 1) // 2
+            wl = (wl + 1) // 2
+            rs = tl.cast(wl * (4 * C), tl.int64)
+            img = off + b * hl * rs
+            for s in range(4):
+                cc = s * C + c1
+                wts = _conv_weights(lw_ptr + lv * (K * K * 4 * C), cc, cm1, 4 * C, K, COMPUTE)
+                for n0 in range(0, wl, BW):
+                    xb = coef_ptr + img + n0 * (4 * C) + cc
+                    _conv_strip(xb, xb, filt_ptr + img + cc, rs, rs, hl, wl, n0, cm1, wts, zbias, xb, xb, rs,
+                                4 * C, K, BW, 1, False, False, FLIP, COMPUTE, False, False, UNROLL)
+            off += tl.cast(B * hl * wl, tl.int64) * (4 * C)
+        tl.debug_barrier()
+        # The synthesis, coarse to fine: acc_i over this image's block of level i's coefficient region (laid out
+        # (h_{i-1}, w_{i-1}, C) from the block's start, so no write reaches another image's coefficients).
+        for j in tl.static_range(LEVELS - 1, -1, -1):
+            hf = H
+            wf = W
+            off = zero
+            for i in tl.static_range(j):
+                hf = (hf + 1) // 2
+                wf = (wf + 1) // 2
+                off += tl.cast(B * hf * wf, tl.int64) * (4 * C)
+            hc = (hf + 1) // 2
+            wc = (wf + 1) // 2
+            blk = off + b * hc * wc * (4 * C)  # this image's block of level j + 1
+            up = off + tl.cast(B * hc * wc, tl.int64) * (4 * C) + b * ((hc + 1) // 2) * ((wc + 1) // 2) * (4 * C)
+            if j < LEVELS - 1:
+                tl.debug_barrier()
+            _whole_synthesis(filt_ptr + blk + cc2, hc, wc, coef_ptr + up + cc2, coef_ptr + blk + cc2, hf, wf, cc2,
+                             cm2, j < LEVELS - 1, C, j + 1, HM, WM, CHUNK, COMPUTE)
+        tl.debug_barrier()
+    # The base convolution, + bias and acc_1 (this image's block of level 1's region), strided.
+    wts = _conv_weights(bw_ptr, c1, cm1, C, K, COMPUTE)
+    if HAS_BIAS:
+        bias = tl.load(bb_ptr + c1, mask=cm1, other=0.0).to(COMPUTE)
+    else:
+        bias = tl.zeros((BC,), dtype=COMPUTE)
+    rs = tl.cast(W * C, tl.int64)
+    xb0 = x_ptr + b * H * rs + c1
+    ab0 = coef_ptr + b * ((H + 1) // 2) * ((W + 1) // 2) * (4 * C) + c1
+    ors = tl.cast((W + STRIDE - 1) // STRIDE * C, tl.int64)
+    yb = y_ptr + b * ((H + STRIDE - 1) // STRIDE) * ors + c1
+    for n0 in range(0, W, BW):
+        _conv_strip(xb0 + n0 * C, ab0 + n0 * C, yb, rs, ors, H, W, n0, cm1, wts, bias, xb0, xb0, rs,
+                    C, K, BW, STRIDE, LEVELS > 0, HAS_BIAS, FLIP, COMPUTE, False, False, UNROLL)
+
+
+@triton.jit
 def _small_kernel(
     x_ptr,  # (B, H, W, C) channels-last
     coef_ptr,  # flat coefficient buffer, level i (B, h_i, w_i, 4, C) after level i - 1 (HAS_COEF: x's, given)
@@ -65,81 +160,63 @@ def _small_kernel(
     b = tl.program_id(0).to(tl.int64)
     c1 = tl.program_id(1) * BC + tl.arange(0, BC)
     cm1 = c1 < C
-    cc2 = c1[None, :]
-    cm2 = cm1[None, :]
-    zero = b * 0  # an int64 zero: offsets into the level buffers can pass 2^31
-    filt_ptr += tl.cast(filt_off, tl.int64)
     if LEVELS > 0:
-        # 1. Every level's subbands, fine to coarse, each level from the low-pass this program just wrote.
         if not HAS_COEF:
-            hs = H
-            ws = W
-            prev = zero
-            off = zero
-            for l in tl.static_range(LEVELS):
-                hd = (hs + 1) // 2
-                wd = (ws + 1) // 2
-                if l == 0:
-                    _whole_analysis(x_ptr + cc2, C, hs, ws, coef_ptr + cc2, hd, wd, b, cc2, cm2, C, l + 1, HM, WM,
-                                    CHUNK, COMPUTE)
-                else:
-                    tl.debug_barrier()
-                    _whole_analysis(coef_ptr + prev + cc2, 4 * C, hs, ws, coef_ptr + off + cc2, hd, wd, b, cc2, cm2,
-                                    C, l + 1, HM, WM, CHUNK, COMPUTE)
-                prev = off
-                off += tl.cast(B * hd * wd, tl.int64) * (4 * C)
-                hs = hd
-                ws = wd
+            _image_analysis(x_ptr, coef_ptr, H, W, B, b, c1[None, :], cm1[None, :], C, LEVELS, HM, WM, CHUNK,
+                            COMPUTE)
             tl.debug_barrier()
-        # 2. Every level's depthwise convolutions: subband by subband, strip by strip (one code copy: a loop).
-        zbias = tl.zeros((BC,), dtype=COMPUTE)
-        hl = H + 0 * tl.program_id(0)  # loop-carried: a tensor even where Triton specialises H == 1
-        wl = W + 0 * tl.program_id(0)
-        off = zero
-        for lv in range(LEVELS):
-            hl = (hl + 1) // 2
-            wl = (wl + 1) // 2
-            rs = tl.cast(wl * (4 * C), tl.int64)
-            img = off + b * hl * rs
-            for s in range(4):
-                cc = s * C + c1
-                wts = _conv_weights(lw_ptr + lv * (K * K * 4 * C), cc, cm1, 4 * C, K, COMPUTE)
-                for n0 in range(0, wl, BW):
-                    xb = coef_ptr + img + n0 * (4 * C) + cc
-                    _conv_strip(xb, xb, filt_ptr + img + cc, rs, rs, hl, wl, n0, cm1, wts, zbias, xb, xb, rs,
-                                4 * C, K, BW, 1, False, False, FLIP, COMPUTE, False, False, UNROLL)
-            off += tl.cast(B * hl * wl, tl.int64) * (4 * C)
-        tl.debug_barrier()
-        # 3. The synthesis, coarse to fine: acc_i over this image's block of level i's coefficient region (laid out
-        # (h_{i-1}, w_{i-1}, C) from the block's start, so no write reaches another image's coefficients).
-        for j in tl.static_range(LEVELS - 1, -1, -1):
-            hf = H
-            wf = W
-            off = zero
-            for i in tl.static_range(j):
-                hf = (hf + 1) // 2
-                wf = (wf + 1) // 2
-                off += tl.cast(B * hf * wf, tl.int64) * (4 * C)
-            hc = (hf + 1) // 2
-            wc = (wf + 1) // 2
-            blk = off + b * hc * wc * (4 * C)  # this image's block of level j + 1
-            up = off + tl.cast(B * hc * wc, tl.int64) * (4 * C) + b * ((hc + 1) // 2) * ((wc + 1) // 2) * (4 * C)
-            if j < LEVELS - 1:
-                tl.debug_barrier()
-            _whole_synthesis(filt_ptr + blk + cc2, hc, wc, coef_ptr + up + cc2, coef_ptr + blk + cc2, hf, wf, cc2,
-                             cm2, j < LEVELS - 1, C, j + 1, HM, WM, CHUNK, COMPUTE)
-        tl.debug_barrier()
-    # 4. The base convolution, + bias and acc_1 (this image's block of level 1's region), strided.
-    wts = _conv_weights(bw_ptr, c1, cm1, C, K, COMPUTE)
-    if HAS_BIAS:
-        bias = tl.load(bb_ptr + c1, mask=cm1, other=0.0).to(COMPUTE)
-    else:
-        bias = tl.zeros((BC,), dtype=COMPUTE)
-    rs = tl.cast(W * C, tl.int64)
-    xb0 = x_ptr + b * H * rs + c1
-    ab0 = coef_ptr + b * ((H + 1) // 2) * ((W + 1) // 2) * (4 * C) + c1
-    ors = tl.cast((W + STRIDE - 1) // STRIDE * C, tl.int64)
-    yb = y_ptr + b * ((H + STRIDE - 1) // STRIDE) * ors + c1
-    for n0 in range(0, W, BW):
-        _conv_strip(xb0 + n0 * C, ab0 + n0 * C, yb, rs, ors, H, W, n0, cm1, wts, bias, xb0, xb0, rs,
-                    C, K, BW, STRIDE, LEVELS > 0, HAS_BIAS, FLIP, COMPUTE, False, False, UNROLL)
+    _image_pass(x_ptr, coef_ptr, filt_ptr + tl.cast(filt_off, tl.int64), y_ptr, bw_ptr, bb_ptr, lw_ptr, H, W, B, b,
+                c1, cm1, C, K, LEVELS, HM, WM, BW, BC, CHUNK, STRIDE, HAS_BIAS, FLIP, COMPUTE, UNROLL)
+
+
+@triton.jit
+def _small_backward_kernel(
+    x_ptr,  # (B, H, W, C) channels-last
+    g_ptr,  # dy, the same shape (at full resolution: a strided layer's dy scattered onto zeros)
+    buf_ptr,  # x's coefficients, then dy's from element n_off, then the filtered subbands from 2 * n_off
+    n_off,
+    dx_ptr,  # (B, H, W, C)
+    bw_ptr, lw_ptr,  # the forward's folded kernels, read rotated
+    bpart_ptr,  # (B * ceil(W / WBW), TP, C) fp32: the base's partial correlations (dy's sum in lane K*K)
+    lpart_ptr,  # (rows, TP, 4C): every level's, rows as _wgrad_kernel's over every level with IMGS = 1
+    H, W, B,
+    C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, HM: tl.constexpr,
+    WM: tl.constexpr, BW: tl.constexpr, WBW: tl.constexpr, BC: tl.constexpr, CHUNK: tl.constexpr,
+    COMPUTE: tl.constexpr, UNROLL: tl.constexpr, WUNROLL: tl.constexpr,
+):
+    """The whole backward of image ``program_id(0)``, channels ``program_id(1) * BC ...`` (LEVELS >= 1): x's and
+    dy's coefficients, this image's rows of the weight-gradient partials (the rows _wgrad_kernel writes with one
+    image per program, so the chain-rule kernel sums the same values in the same order), then the input gradient
+    (the pass on dy with rotated kernels, over dy's coefficients)."""
+    b = tl.program_id(0).to(tl.int64)
+    c1 = tl.program_id(1) * BC + tl.arange(0, BC)
+    cm1 = c1 < C
+    n = tl.cast(n_off, tl.int64)
+    cx = buf_ptr
+    cg = buf_ptr + n
+    _image_analysis(x_ptr, cx, H, W, B, b, c1[None, :], cm1[None, :], C, LEVELS, HM, WM, CHUNK, COMPUTE)
+    _image_analysis(g_ptr, cg, H, W, B, b, c1[None, :], cm1[None, :], C, LEVELS, HM, WM, CHUNK, COMPUTE)
+    tl.debug_barrier()
+    strips = (W + WBW - 1) // WBW
+    for st in range(strips):
+        _wgrad_strip(x_ptr, g_ptr, bpart_ptr + ((b * strips + st) * TP) * C + c1, H, W, st * WBW, b, B, 1, c1, cm1,
+                     C, K, WBW, True, COMPUTE, WUNROLL)
+    hl = H + 0 * tl.program_id(0)
+    wl = W + 0 * tl.program_id(0)
+    off = b * 0
+    row0 = b * 0
+    for lv in range(LEVELS):
+        hl = (hl + 1) // 2
+        wl = (wl + 1) // 2
+        sl = (wl + WBW - 1) // WBW
+        for s in range(4):
+            cc = s * C + c1
+            for st in range(sl):
+                _wgrad_strip(cx + off, cg + off, lpart_ptr + ((row0 + b * sl + st) * TP) * (4 * C) + cc, hl, wl,
+                             st * WBW, b, B, 1, cc, cm1, 4 * C, K, WBW, False, COMPUTE, WUNROLL)
+        off += tl.cast(B * hl * wl, tl.int64) * (4 * C)
+        row0 += B * sl
+    # The input-gradient pass overwrites dy's coefficients (its synthesis): this program's reads of them end here.
+    tl.debug_barrier()
+    _image_pass(g_ptr, cg, buf_ptr + 2 * n, dx_ptr, bw_ptr, bw_ptr, lw_ptr, H, W, B, b, c1, cm1, C, K, LEVELS, HM,
+                WM, BW, BC, CHUNK, 1, False, True, COMPUTE, UNROLL)

@@ -334,8 +334,6 @@ def _wgrad_kernel(
     """d w[ky, kx] = sum over positions of dy(o, n) * x(o + ky - PAD, n + kx - PAD): a program walks the x rows
     of IMGS images for BW columns, keeping the K dy rows an x row pairs with; of one map (LEVELS = 0), or of every
     level's subbands in one launch. DSUM: also the sum of dy (the bias gradient)."""
-    PAD: tl.constexpr = K // 2
-    NI: tl.constexpr = BW + K - 1
     pid = tl.program_id(0)
     if LEVELS > 0:
         lv, h, w, st, off = _level_of(pid, H, W, B, IMGS, BW, LEVELS, CC, 0)
@@ -349,10 +347,18 @@ def _wgrad_kernel(
         xb0 = x_ptr
         gb0 = g_ptr
     strips = (w + BW - 1) // BW
-    grp = local // strips
-    n0 = (local % strips) * BW
     cc = tl.program_id(1) * BC + tl.arange(0, BC)
-    cmask = cc < CC
+    _wgrad_strip(xb0, gb0, part_ptr + pid.to(tl.int64) * TP * CC + cc, h, w, (local % strips) * BW,
+                 local // strips, B, IMGS, cc, cc < CC, CC, K, BW, DSUM, COMPUTE, UNROLL)
+
+
+@triton.jit
+def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.constexpr, K: tl.constexpr,
+                 BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr):
+    """One partial row of _wgrad_kernel: BW columns from n0 of images grp * IMGS .. of an (h, w) map whose image 0
+    starts at ``xb0`` / ``gb0`` (x, dy; CC channels a pixel), into ``dst`` (the row's tap 0, at channels ``cc``)."""
+    PAD: tl.constexpr = K // 2
+    NI: tl.constexpr = BW + K - 1
     inm = ()
     for i in tl.static_range(NI):
         inm = inm + (cmask & (n0 + (i - PAD) >= 0) & (n0 + (i - PAD) < w),)
@@ -362,8 +368,8 @@ def _wgrad_kernel(
     rs = tl.cast(w * CC, tl.int64)
     acc = ()
     for _ in tl.static_range(K * K):
-        acc = acc + (tl.zeros((BC,), dtype=COMPUTE),)
-    dsum = tl.zeros((BC,), dtype=COMPUTE)
+        acc = acc + (tl.zeros(cmask.shape, dtype=COMPUTE),)
+    dsum = tl.zeros(cmask.shape, dtype=COMPUTE)
     for im in range(IMGS):
         bi = grp * IMGS + im
         bok = bi < B
@@ -371,7 +377,7 @@ def _wgrad_kernel(
         gb = gb0 + bi.to(tl.int64) * h * rs + n0 * CC + cc
         dq = ()  # dy rows r - PAD .. r + PAD, slot j * BW + q
         for _ in tl.static_range((PAD + 1) * BW):
-            dq = dq + (tl.zeros((BC,), dtype=COMPUTE),)
+            dq = dq + (tl.zeros(cmask.shape, dtype=COMPUTE),)
         for j in tl.static_range(PAD):
             for q in tl.static_range(BW):
                 dq = dq + (tl.load(gb + j * rs + q * CC, mask=gm[q] & bok & (j < h), other=0.0).to(COMPUTE),)
@@ -395,11 +401,10 @@ def _wgrad_kernel(
         for r in range(mid, h):
             acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
                                                 CC, K, BW, DSUM, COMPUTE, True)
-    dst = part_ptr + pid.to(tl.int64) * TP * CC + cc
     for t in tl.static_range(K * K):
-        tl.store(dst + t * CC, acc[t].to(part_ptr.dtype.element_ty), mask=cmask)
+        tl.store(dst + t * CC, acc[t].to(dst.dtype.element_ty), mask=cmask)
     if DSUM:
-        tl.store(dst + K * K * CC, dsum.to(part_ptr.dtype.element_ty), mask=cmask)
+        tl.store(dst + K * K * CC, dsum.to(dst.dtype.element_ty), mask=cmask)
 
 
 @triton.jit
@@ -1066,7 +1071,7 @@ def wtconv_forward(
         syn1 = bool(_mma.MMA_TUNING["syn1"])
     else:
         syn1 = bool(TUNING["syn1"]) and TUNING["conv_bw"] % 2 == 0
-    if levels and not _mma.mma_applies(x.dtype, k) and max(h, w) <= TUNING["small_max"]:
+    if small_applies(x, levels, k):
         _small_pass(x, out, base_w, base_b, level_w, stride, flip, coef)
         return out
     acc: Optional[Tensor] = None
@@ -1098,6 +1103,37 @@ def wtconv_forward(
                  k, 0, stride, acc is not None, base_b is not None, flip, syn1=syn1 and acc is not None, acc2=acc2,
                  acc2_off=acc2_off)
     return out
+
+
+def small_applies(x: Tensor, levels: int, k: int) -> bool:
+    """Whether a pass over ``x`` runs as one launch (``small_kernels``): levels, a map of at most
+    ``TUNING["small_max"]`` rows and columns, and the FMA kernels."""
+    return levels > 0 and max(x.shape[-2:]) <= TUNING["small_max"] and not _mma.mma_applies(x.dtype, k)
+
+
+def small_backward(x: Tensor, dy: Tensor, dx: Tensor, base_w: Tensor, level_w: Tensor) -> tuple[Tensor, Tensor, int, int]:
+    """The whole backward of a small map in one launch (``small_kernels._small_backward_kernel``; where
+    :func:`small_applies`): the input gradient into the channels-last ``dx``, and the weight-gradient partials for
+    :func:`param_grads`, as :func:`weight_partials` returns them with one image per partial row."""
+    _check_cl(x, dy, dx)
+    bsz, ch, h, w = x.shape
+    levels, k = level_w.shape[0], base_w.shape[0]
+    n = _offsets(bsz, ch, h, w, levels)[-1]
+    buf = torch.empty((3 * n,), device=x.device, dtype=x.dtype)
+    wbw = TUNING["wgrad_bw"]
+    tp = _pow2(k * k + 1)
+    acc = _acc_dtype(x.dtype)
+    base = torch.empty((bsz * _cdiv(w, wbw), tp, ch), device=x.device, dtype=acc)
+    lev = torch.empty((_level_programs(h, w, levels, wbw, bsz), tp, 4 * ch), device=x.device, dtype=acc)
+    bc = _block_c(ch, TUNING["small_bc"])
+    _launch(
+        _small._small_backward_kernel, (bsz, _cdiv(ch, bc)),
+        (x, dy, buf, n, dx, base_w, level_w, base, lev, h, w, bsz), TUNING["small_warps"],
+        C=ch, K=k, TP=tp, LEVELS=levels, HM=_pow2(h), WM=_pow2(w), BW=TUNING["small_bw"], WBW=wbw, BC=bc,
+        CHUNK=TUNING["small_chunk"], COMPUTE=_compute_dtype(x.dtype), UNROLL=bool(TUNING["conv_unroll"]),
+        WUNROLL=bool(TUNING["wgrad_unroll"]),
+    )
+    return base, lev, 0, 1
 
 
 def _small_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor], level_w: Tensor, stride: int,
@@ -1153,10 +1189,11 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
 
 
 def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Optional[Tensor], k: int,
-                    levels: int) -> tuple[Tensor, Tensor, int]:
+                    levels: int) -> tuple[Tensor, Tensor, int, int]:
     """Per-program partial correlations of the weight gradients (w.r.t. the folded weights), for
     :func:`param_grads`: the base's of x and dy (with dy's sum in lane K*K), and every level's of the two
-    coefficient buffers, in one launch each; and which kernels made them (K for the tensor-core ones, else 0)."""
+    coefficient buffers, in one launch each; which kernels made them (K for the tensor-core ones, else 0) and how
+    many images a partial row sums."""
     _check_cl(x, dy)
     bsz, ch, h, w = x.shape
     if _mma.mma_applies(x.dtype, k):
@@ -1174,7 +1211,7 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
         CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll,
     )
     if not levels:
-        return base, base, 0
+        return base, base, 0, imgs
     rows = _level_programs(h, w, levels, bw, groups)
     lev = torch.empty((rows, tp, 4 * ch), device=x.device, dtype=acc)
     bc = _block_c(4 * ch, TUNING["wgrad_bc"])
@@ -1182,11 +1219,11 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
         _wgrad_kernel, (rows, _cdiv(4 * ch, bc)), (coef_x, coef_dy, lev, h, w, bsz, imgs), warps,
         CC=4 * ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC=bc, DSUM=False, COMPUTE=compute, UNROLL=unroll,
     )
-    return base, lev, 0
+    return base, lev, 0, imgs
 
 
 def _mma_weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Optional[Tensor], k: int,
-                         levels: int) -> tuple[Tensor, Tensor, int]:
+                         levels: int) -> tuple[Tensor, Tensor, int, int]:
     """:func:`weight_partials` on the tensor cores (bf16 / fp16): the same partial layout, their own rows."""
     bsz, ch, h, w = x.shape
     t = _mma.MMA_TUNING
@@ -1198,18 +1235,18 @@ def _mma_weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_d
         t["wgrad_warps"], CC=ch, K=k, TP=tp, LEVELS=0, BC=t["wgrad_bc"], DSUM=True, OPD=opd,
     )
     if not levels:
-        return base, base, k
+        return base, base, k, 1
     rows = _mma.mma_level_programs(h, w, levels, k, bsz)
     lev = torch.empty((rows, tp, 4 * ch), device=x.device, dtype=torch.float32)
     _launch(
         _mma._mma_wgrad_kernel, (rows, _cdiv(4 * ch, t["wgrad_bc"])), (coef_x, coef_dy, lev, h, w, bsz),
         t["wgrad_warps"], CC=4 * ch, K=k, TP=tp, LEVELS=levels, BC=t["wgrad_bc"], DSUM=False, OPD=opd,
     )
-    return base, lev, k
+    return base, lev, k, 1
 
 
 def param_grads(
-    parts: tuple[Tensor, Tensor, int], x_shape: tuple[int, ...], weight: Tensor, bias: Optional[Tensor],
+    parts: tuple[Tensor, Tensor, int, int], x_shape: tuple[int, ...], weight: Tensor, bias: Optional[Tensor],
     base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor, round_to: Optional[torch.dtype] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The parameters' gradients from :func:`weight_partials` (of an input of ``x_shape``), in one launch:
@@ -1217,7 +1254,7 @@ def param_grads(
     shape and dtype (d bias in base_scale's dtype when there is no bias: the gradient a zero bias would get). With
     ``round_to`` (as given to :func:`folded_weights`), each is rounded through that dtype, as the backward of a
     cast to it would."""
-    bpart, lpart, mma_k = parts
+    bpart, lpart, mma_k, imgs = parts
     bsz, _, h, w = x_shape
     ch, k, levels = weight.shape[0], weight.shape[-1], wavelet_weight.shape[0]
     weight, base_scale = weight.contiguous(), base_scale.contiguous()
@@ -1231,7 +1268,7 @@ def param_grads(
     _launch(
         _param_grads_kernel, (_cdiv(ch, bc), levels + 1),
         (bpart, lpart, weight, bias if bias is not None else base_scale, base_scale, wavelet_weight, wavelet_scale,
-         d_weight, d_bias, d_base_scale, d_ww, d_ws, bpart.shape[0], h, w, bsz, TUNING["wgrad_imgs"]), 4,
+         d_weight, d_bias, d_base_scale, d_ww, d_ws, bpart.shape[0], h, w, bsz, imgs), 4,
         C=ch, K=k, TP=bpart.shape[1], LEVELS=levels, BW=TUNING["wgrad_bw"], HAS_BIAS=bias is not None,
         BLOCK_C=bc, COMPUTE=_compute_dtype(bpart.dtype), ROUND=_tl_dtype(round_to), MMA_K=mma_k,
     )
