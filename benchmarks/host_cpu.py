@@ -5,10 +5,10 @@ Usage (any machine; no GPU needed)::
     python benchmarks/host_cpu.py [--out results/host_cpu.json] [--iters 2000] [--shapes 4]
 
 The eager triton backend's host work per layer call is Python and torch: argument checks, autocast and autograd,
-the allocations, layout checks and shape arithmetic around the 12 kernel launches (5 forward, 7 backward), and the
-launches' own bookkeeping. This script times ``wtconv2d(..., backend='triton')`` forward + backward on CPU tensors
-(Triton's interpreter lets the backend take them; it is switched on here before wtconvnext is imported) at the
-WTConvNeXt-T stage shapes, B=1 bf16 channels_last, in two modes, so that no kernel runs:
+the allocations, layout checks and shape arithmetic around the kernel launches (5 forward and 7 backward; 2 and 2
+for maps of at most ``TUNING['small_max']``), and the launches' own bookkeeping. This script times
+``wtconv2d(..., backend='triton')`` forward + backward on CPU tensors (Triton's interpreter lets the backend take
+them; it is switched on here before wtconvnext is imported) at the WTConvNeXt-T stage shapes, B=1 bf16 channels_last, in two modes, so that no kernel runs:
 
 - ``stub``: ``triton_kernels._launch`` is a no-op; only the work around the launches is timed;
 - ``kept``: ``_launch`` runs its kept-kernel path (the cache key of every launch and its lookup, as on a GPU) up to
@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import report, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import mma_kernels as mk  # noqa: E402
+from wtconvnext.ops import small_kernels as sk  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
@@ -71,13 +72,14 @@ class _StandInKernel:
 def no_kernels(mode: str) -> Iterator[None]:
     """Inside: every launch of the fused WTConv does no work (``mode`` 'stub' or 'kept', see the module docs)."""
     saved, const_names = dict(vars(tk)), dict(tk._CONST_NAMES)
-    saved_mma = dict(vars(mk))
+    saved_mods = {mod: dict(vars(mod)) for mod in (mk, sk)}
     try:
         if mode == "stub":
             tk._launch = lambda *args, **kwargs: None
         else:
-            # Both kernel modules' kernels (the launchers reach the tensor-core ones through mma_kernels).
-            for mod, kernels in ((tk, saved), (mk, saved_mma)):
+            # Every kernel module's kernels: the launchers reach the tensor-core and the small-map ones through their
+            # modules (a real kernel left here would run in the interpreter, on uninitialised data, for minutes).
+            for mod, kernels in ((tk, saved), *saved_mods.items()):
                 for name, value in kernels.items():
                     if name.endswith("_kernel") and hasattr(value, "arg_names"):
                         setattr(mod, name, _StandInKernel(value))
@@ -89,8 +91,9 @@ def no_kernels(mode: str) -> Iterator[None]:
     finally:
         for name in ("_launch", "_FAST_LAUNCH", "_device_index", *[n for n in saved if n.endswith("_kernel")]):
             setattr(tk, name, saved[name])
-        for name in [n for n in saved_mma if n.endswith("_kernel")]:
-            setattr(mk, name, saved_mma[name])
+        for mod, kernels in saved_mods.items():
+            for name in [n for n in kernels if n.endswith("_kernel")]:
+                setattr(mod, name, kernels[name])
         tk._COMPILED.clear()
         tk._CONST_NAMES.clear()
         tk._CONST_NAMES.update(const_names)
