@@ -379,17 +379,19 @@ def test_base_convolution_synthesising_level1(shape, monkeypatch):
     assert names.count("_synthesis_kernel") == 2 * len(tk._chunks(levels, 2)), names
 
 
-@pytest.mark.parametrize("small", [False, True], ids=["multi-launch", "small-map"])
-def test_backward_analyses_x_and_dy_in_one_launch(small, monkeypatch):
+@pytest.mark.parametrize("small,small_bwd", [(False, 1), (True, 1), (True, 0)],
+                         ids=["multi-launch", "small-map", "small-map-5-launch-backward"])
+def test_backward_analyses_x_and_dy_in_one_launch(small, small_bwd, monkeypatch):
     """A layer launches its kernels in the count the README gives: forward fold, analysis, level convolution,
     synthesis, base convolution; backward one analysis of x and dy together, two weight-gradient walks, the
     chain-rule kernel, and the input gradient's level convolution, synthesis and base convolution. A small map
     (TUNING small_max) runs the forward's analysis-to-base-convolution in one launch, and the backward but the
-    chain rule in another: 2 forward, 2 backward."""
+    chain rule in another: 2 forward, 2 backward; with TUNING small_bwd 0, the multi-launch weight gradients and
+    the one-launch input-gradient pass: 5 backward."""
     from wtconvnext.ops import triton_kernels as tk
     from wtconvnext.ops import wtconv2d
 
-    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 16 if small else 0})
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 16 if small else 0, "small_bwd": small_bwd})
     x = torch.randn(2, 8, 11, 9, device=DEVICE).contiguous(memory_format=torch.channels_last).requires_grad_()
     ps = [t.requires_grad_() for t in _params(8, 5, 3, True, torch.float32)]
     names = _spy_launches(monkeypatch)
@@ -398,7 +400,7 @@ def test_backward_analyses_x_and_dy_in_one_launch(small, monkeypatch):
     assert names == ["_fold_kernel"] + (passes if small else ["_analysis_kernel"] + passes), names
     del names[:]
     y.backward(torch.randn_like(y))
-    if small:
+    if small and small_bwd:
         assert names == ["_small_backward_kernel", "_param_grads_kernel"], names
     else:
         assert sorted(names) == sorted(["_analysis_kernel", "_wgrad_kernel", "_wgrad_kernel", "_param_grads_kernel",
@@ -417,6 +419,19 @@ def test_small_maps_one_launch_per_pass(shape, monkeypatch):
     names = _spy_launches(monkeypatch)
     _float64_matches_reference(shape)
     assert names == ["_fold_kernel", "_small_kernel", "_small_backward_kernel", "_param_grads_kernel"], names
+
+
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[5]], ids=["7x7", "s2"])
+def test_small_maps_five_launch_backward(shape, monkeypatch):
+    """TUNING small_bwd 0: a small map's backward takes the multi-launch weight gradients and the one-launch
+    input-gradient pass over dy's given coefficients, as exact in float64."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 16, "small_bwd": 0})
+    names = _spy_launches(monkeypatch)
+    _float64_matches_reference(shape)
+    assert names[:2] == ["_fold_kernel", "_small_kernel"] and names[-1] == "_small_kernel", names
+    assert "_small_backward_kernel" not in names, names
 
 
 @pytest.mark.parametrize("tuning", [dict(), dict(small_bw=7, small_bc=16, small_chunk=4, conv_unroll=1)],

@@ -796,8 +796,12 @@ TUNING: dict[str, int] = {
     # warps beat 32 and one (1.06x / 1.64x), strips of 7 columns lost (0.84x at 14 x 14); at 28 x 28 (small_max 32)
     # it ran at 0.55x: a program per image leaves too few warps there.
     "small_max": 16, "small_bw": 4, "small_bc": 64, "small_warps": 2, "small_chunk": 16,
+    # small_bwd = 1: a small map's whole backward in one launch (_small_backward_kernel, weight-gradient partials
+    # one image per row); 0: x's and dy's coefficients, the multi-launch weight gradients, then the one-launch
+    # input-gradient pass over dy's coefficients (5 launches).
+    "small_bwd": 1,
 }
-_FLAG_KEYS = ("syn1", "conv_unroll", "wgrad_unroll")  # 0 or 1, not sizes
+_FLAG_KEYS = ("syn1", "conv_unroll", "wgrad_unroll", "small_bwd")  # 0 or 1, not sizes
 _ZERO_KEYS = ("small_max",)  # 0 turns the path off
 _POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk")
 
@@ -1111,7 +1115,14 @@ def small_applies(x: Tensor, levels: int, k: int) -> bool:
     return levels > 0 and max(x.shape[-2:]) <= TUNING["small_max"] and not _mma.mma_applies(x.dtype, k)
 
 
-def small_backward(x: Tensor, dy: Tensor, dx: Tensor, base_w: Tensor, level_w: Tensor) -> tuple[Tensor, Tensor, int, int]:
+def small_backward_applies(x: Tensor, levels: int, k: int) -> bool:
+    """Whether a backward over ``x`` runs as one launch (:func:`small_backward`): :func:`small_applies` and
+    ``TUNING["small_bwd"]``."""
+    return bool(TUNING["small_bwd"]) and small_applies(x, levels, k)
+
+
+def small_backward(x: Tensor, dy: Tensor, dx: Tensor, base_w: Tensor,
+                   level_w: Tensor) -> tuple[Tensor, Tensor, int, int]:
     """The whole backward of a small map in one launch (``small_kernels._small_backward_kernel``; where
     :func:`small_applies`): the input gradient into the channels-last ``dx``, and the weight-gradient partials for
     :func:`param_grads`, as :func:`weight_partials` returns them with one image per partial row."""
