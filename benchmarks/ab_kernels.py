@@ -67,14 +67,11 @@ def _parts(mod: ModuleType, x, dy, params, k: int, levels: int):
             parts = mod.weight_partials(x, dy, mod.coefficients(x, levels), mod.coefficients(dy, levels), k, levels)
             return mod.param_grads(parts, tuple(x.shape), *params)
 
-        def bwd():  # the whole backward as the op runs it: one launch for a small map where the version has it
-            if hasattr(mod, "small_backward") and mod.small_applies(x, levels, k):
-                parts = mod.small_backward(x, dy, dx, fold[0], fold[2])
-            else:
-                pair = getattr(mod, "coefficient_pair", None)
-                cx, cdy = pair(x, dy, levels) if pair else (mod.coefficients(x, levels), mod.coefficients(dy, levels))
-                parts = mod.weight_partials(x, dy, cx, cdy, k, levels)
-                mod.wtconv_forward(dy, dx, fold[0], None, fold[2], 1, flip=True, coef=cdy)
+        def bwd():  # the whole backward as the op runs it
+            pair = getattr(mod, "coefficient_pair", None)
+            cx, cdy = pair(x, dy, levels) if pair else (mod.coefficients(x, levels), mod.coefficients(dy, levels))
+            parts = mod.weight_partials(x, dy, cx, cdy, k, levels)
+            mod.wtconv_forward(dy, dx, fold[0], None, fold[2], 1, flip=True, coef=cdy)
             return mod.param_grads(parts, tuple(x.shape), *params), dx
 
         return {"fwd": fwd, "dx": dgrad, "wgrad": wgrad, "bwd": bwd}

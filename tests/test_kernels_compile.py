@@ -97,16 +97,6 @@ def _small_cases():
     yield sk._small_kernel, dict(**ptrs), dict(H=1, W=1, B=1, C=96, K=5, LEVELS=2, HM=1, WM=1, BW=4, BC=32, CHUNK=16,
                                                STRIDE=1, HAS_BIAS=True, FLIP=False, HAS_COEF=False,
                                                COMPUTE=tl.float32, UNROLL=False)
-    bwd = dict(x_ptr=bf16, g_ptr=bf16, buf_ptr=bf16, n_off=i32, dx_ptr=bf16, bw_ptr=f32, lw_ptr=f32, bpart_ptr=f32,
-               lpart_ptr=f32)
-    # (Unrolled rows multiply the code: the 5 x 5, two-level backward unrolled took 160 s to compile.)
-    for k, levels, hm, unroll in ((5, 3, 16, False), (5, 2, 8, False), (3, 4, 16, False), (3, 1, 4, True)):
-        yield sk._small_backward_kernel, dict(**bwd, H=i32, W=i32, B=i32), dict(
-            C=384, K=k, TP=1 << (k * k).bit_length(), LEVELS=levels, HM=hm, WM=hm, BW=4, WBW=7, BC=64, CHUNK=16,
-            COMPUTE=tl.float32, UNROLL=unroll, WUNROLL=unroll)
-    yield sk._small_backward_kernel, dict(**bwd), dict(H=1, W=1, B=1, C=96, K=5, TP=32, LEVELS=2, HM=1, WM=1, BW=4,
-                                                       WBW=7, BC=32, CHUNK=16, COMPUTE=tl.float32, UNROLL=False,
-                                                       WUNROLL=False)
 
 
 def _mma_cases():

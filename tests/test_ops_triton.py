@@ -379,19 +379,17 @@ def test_base_convolution_synthesising_level1(shape, monkeypatch):
     assert names.count("_synthesis_kernel") == 2 * len(tk._chunks(levels, 2)), names
 
 
-@pytest.mark.parametrize("small,small_bwd", [(False, 1), (True, 1), (True, 0)],
-                         ids=["multi-launch", "small-map", "small-map-5-launch-backward"])
-def test_backward_analyses_x_and_dy_in_one_launch(small, small_bwd, monkeypatch):
+@pytest.mark.parametrize("small", [False, True], ids=["multi-launch", "small-map"])
+def test_backward_analyses_x_and_dy_in_one_launch(small, monkeypatch):
     """A layer launches its kernels in the count the README gives: forward fold, analysis, level convolution,
     synthesis, base convolution; backward one analysis of x and dy together, two weight-gradient walks, the
     chain-rule kernel, and the input gradient's level convolution, synthesis and base convolution. A small map
-    (TUNING small_max) runs the forward's analysis-to-base-convolution in one launch, and the backward but the
-    chain rule in another: 2 forward, 2 backward; with TUNING small_bwd 0, the multi-launch weight gradients and
-    the one-launch input-gradient pass: 5 backward."""
+    (TUNING small_max) runs the forward's analysis-to-base-convolution in one launch, and so the input gradient's
+    too: 2 forward, 5 backward."""
     from wtconvnext.ops import triton_kernels as tk
     from wtconvnext.ops import wtconv2d
 
-    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 16 if small else 0, "small_bwd": small_bwd})
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 16 if small else 0})
     x = torch.randn(2, 8, 11, 9, device=DEVICE).contiguous(memory_format=torch.channels_last).requires_grad_()
     ps = [t.requires_grad_() for t in _params(8, 5, 3, True, torch.float32)]
     names = _spy_launches(monkeypatch)
@@ -400,38 +398,25 @@ def test_backward_analyses_x_and_dy_in_one_launch(small, small_bwd, monkeypatch)
     assert names == ["_fold_kernel"] + (passes if small else ["_analysis_kernel"] + passes), names
     del names[:]
     y.backward(torch.randn_like(y))
-    if small and small_bwd:
-        assert names == ["_small_backward_kernel", "_param_grads_kernel"], names
-    else:
-        assert sorted(names) == sorted(["_analysis_kernel", "_wgrad_kernel", "_wgrad_kernel", "_param_grads_kernel",
-                                        *passes]), names
+    assert sorted(names) == sorted(["_analysis_kernel", "_wgrad_kernel", "_wgrad_kernel", "_param_grads_kernel",
+                                    *passes]), names
 
 
 @pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[4], SHAPES[5], SHAPES[6], SHAPES[7]],
                          ids=["L2", "7x7", "L6", "s2", "s3odd", "1x1"])
 def test_small_maps_one_launch_per_pass(shape, monkeypatch):
-    """TUNING small_max: a map of at most that many rows and columns runs the forward in one launch and the whole
-    backward (input gradient and weight-gradient partials) in another (small_kernels.py), in float64 as exact as
-    the multi-launch path: odd maps, strides, more levels than the map halves, 1 x 1."""
+    """TUNING small_max: a map of at most that many rows and columns runs the forward in one launch and the input
+    gradient in another, over the dy coefficients the weight gradients read (small_kernels.py), in float64 as
+    exact as the multi-launch path: odd maps, strides, more levels than the map halves, 1 x 1."""
     from wtconvnext.ops import triton_kernels as tk
 
     monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 16})
     names = _spy_launches(monkeypatch)
     _float64_matches_reference(shape)
-    assert names == ["_fold_kernel", "_small_kernel", "_small_backward_kernel", "_param_grads_kernel"], names
-
-
-@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[5]], ids=["7x7", "s2"])
-def test_small_maps_five_launch_backward(shape, monkeypatch):
-    """TUNING small_bwd 0: a small map's backward takes the multi-launch weight gradients and the one-launch
-    input-gradient pass over dy's given coefficients, as exact in float64."""
-    from wtconvnext.ops import triton_kernels as tk
-
-    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 16, "small_bwd": 0})
-    names = _spy_launches(monkeypatch)
-    _float64_matches_reference(shape)
     assert names[:2] == ["_fold_kernel", "_small_kernel"] and names[-1] == "_small_kernel", names
-    assert "_small_backward_kernel" not in names, names
+    weight_grads = names[2:-1]  # x's and dy's coefficients (a launch per five levels), the walks, the chain rule
+    assert set(weight_grads) == {"_analysis_kernel", "_wgrad_kernel", "_param_grads_kernel"}, names
+    assert weight_grads.count("_wgrad_kernel") == 2 and weight_grads[-1] == "_param_grads_kernel", names
 
 
 @pytest.mark.parametrize("tuning", [dict(), dict(small_bw=7, small_bc=16, small_chunk=4, conv_unroll=1)],
@@ -445,8 +430,8 @@ def test_small_maps_bitwise_as_multi_launch(tuning, monkeypatch):
     params = [p.to(torch.bfloat16) for p in _params(c, k, levels, True, torch.float64)]
     x = torch.randn(2, c, 7, 6, device=DEVICE).to(torch.bfloat16)
     outs = []
-    for small_max in (0, 16):  # one image per weight-gradient partial row, as the one-launch backward writes them
-        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, **tuning, "small_max": small_max, "wgrad_imgs": 1})
+    for small_max in (0, 16):
+        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, **tuning, "small_max": small_max})
         outs.append(_run(x, params, 1, "triton")[0])
     for name, a, b in zip(NAMES, *outs):
         assert torch.equal(a, b), name

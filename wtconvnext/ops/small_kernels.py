@@ -8,12 +8,13 @@ the base convolution that adds acc_1 and the bias. The phases exchange data thro
 filtered-subband buffers as the multi-launch path (each program touches only its own image and channels, so no
 two programs share a byte) with a barrier between phases; L1 / L2 serve the re-reads.
 
-The backward is one launch as well (with the chain-rule kernel after it): a program analyses x and dy, writes its
-image's rows of the weight-gradient partials (the rows the weight-gradient kernel writes with one image per
-program) and then runs the input-gradient pass over dy's coefficients.
+The input gradient is this pass on dy with rotated kernels, over the dy coefficients that the weight gradients
+(multi-launch: their partial rows want several images per program) have read. A one-launch backward that also
+wrote the weight-gradient partials, one image per row, ran at 0.67x / 0.93x these launches at 14 x 14 / 7 x 7 on
+the H200 and doubled the layer's peak memory (session 19; git 0ff21c8 has it).
 
 The phases are the multi-launch path's own device functions with the same operand order and storage dtypes, so
-the results are bitwise those of that path (with one image per partial row there; the tests check it).
+the results are bitwise those of that path (the tests check it).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_kernels import _analysis_level, _conv_strip, _conv_weights, _synthesis_level, _wgrad_strip
+from .triton_kernels import _analysis_level, _conv_strip, _conv_weights, _synthesis_level
 
-__all__ = ["_small_kernel", "_small_backward_kernel"]
+__all__ = ["_small_kernel"]
 
 
 @triton.jit
@@ -167,56 +168,3 @@ def _small_kernel(
             tl.debug_barrier()
     _image_pass(x_ptr, coef_ptr, filt_ptr + tl.cast(filt_off, tl.int64), y_ptr, bw_ptr, bb_ptr, lw_ptr, H, W, B, b,
                 c1, cm1, C, K, LEVELS, HM, WM, BW, BC, CHUNK, STRIDE, HAS_BIAS, FLIP, COMPUTE, UNROLL)
-
-
-@triton.jit
-def _small_backward_kernel(
-    x_ptr,  # (B, H, W, C) channels-last
-    g_ptr,  # dy, the same shape (at full resolution: a strided layer's dy scattered onto zeros)
-    buf_ptr,  # x's coefficients, then dy's from element n_off, then the filtered subbands from 2 * n_off
-    n_off,
-    dx_ptr,  # (B, H, W, C)
-    bw_ptr, lw_ptr,  # the forward's folded kernels, read rotated
-    bpart_ptr,  # (B * ceil(W / WBW), TP, C) fp32: the base's partial correlations (dy's sum in lane K*K)
-    lpart_ptr,  # (rows, TP, 4C): every level's, rows as _wgrad_kernel's over every level with IMGS = 1
-    H, W, B,
-    C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, HM: tl.constexpr,
-    WM: tl.constexpr, BW: tl.constexpr, WBW: tl.constexpr, BC: tl.constexpr, CHUNK: tl.constexpr,
-    COMPUTE: tl.constexpr, UNROLL: tl.constexpr, WUNROLL: tl.constexpr,
-):
-    """The whole backward of image ``program_id(0)``, channels ``program_id(1) * BC ...`` (LEVELS >= 1): x's and
-    dy's coefficients, this image's rows of the weight-gradient partials (the rows _wgrad_kernel writes with one
-    image per program, so the chain-rule kernel sums the same values in the same order), then the input gradient
-    (the pass on dy with rotated kernels, over dy's coefficients)."""
-    b = tl.program_id(0).to(tl.int64)
-    c1 = tl.program_id(1) * BC + tl.arange(0, BC)
-    cm1 = c1 < C
-    n = tl.cast(n_off, tl.int64)
-    cx = buf_ptr
-    cg = buf_ptr + n
-    _image_analysis(x_ptr, cx, H, W, B, b, c1[None, :], cm1[None, :], C, LEVELS, HM, WM, CHUNK, COMPUTE)
-    _image_analysis(g_ptr, cg, H, W, B, b, c1[None, :], cm1[None, :], C, LEVELS, HM, WM, CHUNK, COMPUTE)
-    tl.debug_barrier()
-    strips = (W + WBW - 1) // WBW
-    for st in range(strips):
-        _wgrad_strip(x_ptr, g_ptr, bpart_ptr + ((b * strips + st) * TP) * C + c1, H, W, st * WBW, b, B, 1, c1, cm1,
-                     C, K, WBW, True, COMPUTE, WUNROLL)
-    hl = H + 0 * tl.program_id(0)
-    wl = W + 0 * tl.program_id(0)
-    off = b * 0
-    row0 = b * 0
-    for lv in range(LEVELS):
-        hl = (hl + 1) // 2
-        wl = (wl + 1) // 2
-        sl = (wl + WBW - 1) // WBW
-        for s in range(4):
-            cc = s * C + c1
-            for st in range(sl):
-                _wgrad_strip(cx + off, cg + off, lpart_ptr + ((row0 + b * sl + st) * TP) * (4 * C) + cc, hl, wl,
-                             st * WBW, b, B, 1, cc, cm1, 4 * C, K, WBW, False, COMPUTE, WUNROLL)
-        off += tl.cast(B * hl * wl, tl.int64) * (4 * C)
-        row0 += B * sl
-    # The input-gradient pass overwrites dy's coefficients (its synthesis): this program's reads of them end here.
-    tl.debug_barrier()
-    _image_pass(g_ptr, cg, buf_ptr + 2 * n, dx_ptr, bw_ptr, bw_ptr, lw_ptr, H, W, B, b, c1, cm1, C, K, LEVELS, HM,
-                WM, BW, BC, CHUNK, 1, False, True, COMPUTE, UNROLL)

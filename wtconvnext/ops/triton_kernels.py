@@ -796,12 +796,8 @@ TUNING: dict[str, int] = {
     # warps beat 32 and one (1.06x / 1.64x), strips of 7 columns lost (0.84x at 14 x 14); at 28 x 28 (small_max 32)
     # it ran at 0.55x: a program per image leaves too few warps there.
     "small_max": 16, "small_bw": 4, "small_bc": 64, "small_warps": 2, "small_chunk": 16,
-    # small_bwd = 1: a small map's whole backward in one launch (_small_backward_kernel, weight-gradient partials
-    # one image per row); 0: x's and dy's coefficients, the multi-launch weight gradients, then the one-launch
-    # input-gradient pass over dy's coefficients (5 launches).
-    "small_bwd": 1,
 }
-_FLAG_KEYS = ("syn1", "conv_unroll", "wgrad_unroll", "small_bwd")  # 0 or 1, not sizes
+_FLAG_KEYS = ("syn1", "conv_unroll", "wgrad_unroll")  # 0 or 1, not sizes
 _ZERO_KEYS = ("small_max",)  # 0 turns the path off
 _POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk")
 
@@ -1115,38 +1111,6 @@ def small_applies(x: Tensor, levels: int, k: int) -> bool:
     return levels > 0 and max(x.shape[-2:]) <= TUNING["small_max"] and not _mma.mma_applies(x.dtype, k)
 
 
-def small_backward_applies(x: Tensor, levels: int, k: int) -> bool:
-    """Whether a backward over ``x`` runs as one launch (:func:`small_backward`): :func:`small_applies` and
-    ``TUNING["small_bwd"]``."""
-    return bool(TUNING["small_bwd"]) and small_applies(x, levels, k)
-
-
-def small_backward(x: Tensor, dy: Tensor, dx: Tensor, base_w: Tensor,
-                   level_w: Tensor) -> tuple[Tensor, Tensor, int, int]:
-    """The whole backward of a small map in one launch (``small_kernels._small_backward_kernel``; where
-    :func:`small_applies`): the input gradient into the channels-last ``dx``, and the weight-gradient partials for
-    :func:`param_grads`, as :func:`weight_partials` returns them with one image per partial row."""
-    _check_cl(x, dy, dx)
-    bsz, ch, h, w = x.shape
-    levels, k = level_w.shape[0], base_w.shape[0]
-    n = _offsets(bsz, ch, h, w, levels)[-1]
-    buf = torch.empty((3 * n,), device=x.device, dtype=x.dtype)
-    wbw = TUNING["wgrad_bw"]
-    tp = _pow2(k * k + 1)
-    acc = _acc_dtype(x.dtype)
-    base = torch.empty((bsz * _cdiv(w, wbw), tp, ch), device=x.device, dtype=acc)
-    lev = torch.empty((_level_programs(h, w, levels, wbw, bsz), tp, 4 * ch), device=x.device, dtype=acc)
-    bc = _block_c(ch, TUNING["small_bc"])
-    _launch(
-        _small._small_backward_kernel, (bsz, _cdiv(ch, bc)),
-        (x, dy, buf, n, dx, base_w, level_w, base, lev, h, w, bsz), TUNING["small_warps"],
-        C=ch, K=k, TP=tp, LEVELS=levels, HM=_pow2(h), WM=_pow2(w), BW=TUNING["small_bw"], WBW=wbw, BC=bc,
-        CHUNK=TUNING["small_chunk"], COMPUTE=_compute_dtype(x.dtype), UNROLL=bool(TUNING["conv_unroll"]),
-        WUNROLL=bool(TUNING["wgrad_unroll"]),
-    )
-    return base, lev, 0, 1
-
-
 def _small_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor], level_w: Tensor, stride: int,
                 flip: bool, coef: Optional[Tensor]) -> None:
     """:func:`wtconv_forward` of a small map in one launch (``small_kernels``); its two level buffers are one
@@ -1154,18 +1118,19 @@ def _small_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor]
     bsz, ch, h, w = x.shape
     levels, k = level_w.shape[0], base_w.shape[0]
     n = _offsets(bsz, ch, h, w, levels)[-1]
-    if coef is None:
+    given = coef is not None  # the input gradient: dy's coefficients, computed for the weight gradients
+    if given:
+        filt, filt_off = torch.empty_like(coef), 0
+    else:
         coef = filt = torch.empty((2 * n,), device=x.device, dtype=x.dtype)
         filt_off = n
-    else:
-        filt, filt_off = torch.empty_like(coef), 0
     bc = _block_c(ch, TUNING["small_bc"])
     _launch(
         _small._small_kernel, (bsz, _cdiv(ch, bc)),
         (x, coef, filt, filt_off, out, base_w, base_w if base_b is None else base_b, level_w, h, w, bsz),
         TUNING["small_warps"], C=ch, K=k, LEVELS=levels, HM=_pow2(h), WM=_pow2(w), BW=TUNING["small_bw"], BC=bc,
         CHUNK=TUNING["small_chunk"], STRIDE=stride, HAS_BIAS=base_b is not None, FLIP=flip,
-        HAS_COEF=filt_off == 0, COMPUTE=_compute_dtype(x.dtype), UNROLL=bool(TUNING["conv_unroll"]),
+        HAS_COEF=given, COMPUTE=_compute_dtype(x.dtype), UNROLL=bool(TUNING["conv_unroll"]),
     )
 
 

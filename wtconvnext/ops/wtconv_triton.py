@@ -61,8 +61,7 @@ def _in_format_of(t: Tensor, x: Tensor) -> Tensor:
 
 
 if TRITON_AVAILABLE:
-    from .triton_kernels import (coefficient_pair, folded_weights, param_grads, small_backward,
-                                 small_backward_applies, weight_partials, wtconv_forward)
+    from .triton_kernels import coefficient_pair, folded_weights, param_grads, weight_partials, wtconv_forward
 
     def _forward_impl(
         x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
@@ -91,12 +90,6 @@ if TRITON_AVAILABLE:
             dy = dy_full
         dy = _channels_last(dy)
         xc = _channels_last(x)
-        if small_backward_applies(xc, levels, k):  # a small map: the whole backward in one launch
-            dx = torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
-            parts = small_backward(xc, dy, dx, base_w, level_w)
-            grads = param_grads(parts, tuple(x.shape), weight, bias, base_scale, wavelet_weight, wavelet_scale,
-                                round_to)
-            return (_in_format_of(dx, x), *grads)
         # dy's coefficients serve both gradients: the weight gradients first, since the input-gradient pass
         # overwrites them; x's coefficients are recomputed here rather than kept from the forward.
         coef_dy, coef_x = coefficient_pair(dy, xc, levels) if levels else (None, None)
