@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_kernels import _analysis_level, _conv_strip, _conv_weights, _synthesis_level
+from .triton_kernels import _analysis_level, _conv_strip, _conv_weights, _level_at, _synthesis_level
 
 __all__ = ["_small_kernel"]
 
@@ -109,13 +109,7 @@ def _image_pass(x_ptr, coef_ptr, filt_ptr, y_ptr, bw_ptr, bb_ptr, lw_ptr, H, W, 
         # The synthesis, coarse to fine: acc_i over this image's block of level i's coefficient region (laid out
         # (h_{i-1}, w_{i-1}, C) from the block's start, so no write reaches another image's coefficients).
         for j in tl.static_range(LEVELS - 1, -1, -1):
-            hf = H
-            wf = W
-            off = zero
-            for i in tl.static_range(j):
-                hf = (hf + 1) // 2
-                wf = (wf + 1) // 2
-                off += tl.cast(B * hf * wf, tl.int64) * (4 * C)
+            hf, wf, off = _level_at(H, W, B, j, 4 * C)
             hc = (hf + 1) // 2
             wc = (wf + 1) // 2
             blk = off + b * hc * wc * (4 * C)  # this image's block of level j + 1
@@ -161,10 +155,8 @@ def _small_kernel(
     b = tl.program_id(0).to(tl.int64)
     c1 = tl.program_id(1) * BC + tl.arange(0, BC)
     cm1 = c1 < C
-    if LEVELS > 0:
-        if not HAS_COEF:
-            _image_analysis(x_ptr, coef_ptr, H, W, B, b, c1[None, :], cm1[None, :], C, LEVELS, HM, WM, CHUNK,
-                            COMPUTE)
-            tl.debug_barrier()
+    if LEVELS > 0 and not HAS_COEF:
+        _image_analysis(x_ptr, coef_ptr, H, W, B, b, c1[None, :], cm1[None, :], C, LEVELS, HM, WM, CHUNK, COMPUTE)
+        tl.debug_barrier()
     _image_pass(x_ptr, coef_ptr, filt_ptr + tl.cast(filt_off, tl.int64), y_ptr, bw_ptr, bb_ptr, lw_ptr, H, W, B, b,
                 c1, cm1, C, K, LEVELS, HM, WM, BW, BC, CHUNK, STRIDE, HAS_BIAS, FLIP, COMPUTE, UNROLL)

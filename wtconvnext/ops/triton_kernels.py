@@ -67,6 +67,20 @@ def _level_count(w, B, IMGS, BW: tl.constexpr, MMA_K: tl.constexpr):
 
 
 @triton.jit
+def _level_at(H, W, B, J: tl.constexpr, CC: tl.constexpr):
+    """(h, w, off): the map after J halvings of (H, W), which level J + 1's coefficients subsample, and where those
+    start in a flat per-level buffer of CC channels (int64: levels 1..J come first)."""
+    h = H
+    w = W
+    off = tl.cast(B * 0, tl.int64)
+    for _ in tl.static_range(J):
+        h = (h + 1) // 2
+        w = (w + 1) // 2
+        off += tl.cast(B * h * w, tl.int64) * CC
+    return h, w, off
+
+
+@triton.jit
 def _level_of(pid, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr, CC: tl.constexpr, MMA_K: tl.constexpr):
     """Which level program ``pid`` of a launch over every level works on (levels 1..L in order, each with
     _level_count programs): (level, h_i, w_i, its first program, its element offset in a flat per-level buffer of
@@ -173,6 +187,23 @@ def _conv_weights(wb, cc, cmask, CC: tl.constexpr, K: tl.constexpr, COMPUTE: tl.
 
 
 @triton.jit
+def _column_masks(cmask, n0, w, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.constexpr):
+    """The masks of a strip of BW output columns from n0 of a w-column map: its BW + K - 1 input columns (zero
+    padding outside the map) and its output columns (in the map, and on the stride's grid)."""
+    PAD: tl.constexpr = K // 2
+    inm = ()
+    for i in tl.static_range(BW + K - 1):
+        inm = inm + (cmask & (n0 + (i - PAD) >= 0) & (n0 + (i - PAD) < w),)
+    outm = ()
+    for q in tl.static_range(BW):
+        if STRIDE > 1:
+            outm = outm + (cmask & (n0 + q < w) & ((n0 + q) % STRIDE == 0),)
+        else:
+            outm = outm + (cmask & (n0 + q < w),)
+    return inm, outm
+
+
+@triton.jit
 def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
                 CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.constexpr, HAS_ACC: tl.constexpr,
                 HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr,
@@ -182,15 +213,7 @@ def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
     (row stride ``ors``); the channel vectors take the shape of ``cmask``."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
-    inm = ()
-    for i in tl.static_range(NI):
-        inm = inm + (cmask & (n0 + (i - PAD) >= 0) & (n0 + (i - PAD) < w),)
-    outm = ()
-    for q in tl.static_range(BW):
-        if STRIDE > 1:
-            outm = outm + (cmask & (n0 + q < w) & ((n0 + q) % STRIDE == 0),)
-        else:
-            outm = outm + (cmask & (n0 + q < w),)
+    inm, outm = _column_masks(cmask, n0, w, K, BW, STRIDE)
     acc = ()
     for _ in tl.static_range(K * BW):
         acc = acc + (tl.zeros(cmask.shape, dtype=COMPUTE),)
@@ -359,12 +382,7 @@ def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.conste
     starts at ``xb0`` / ``gb0`` (x, dy; CC channels a pixel), into ``dst`` (the row's tap 0, at channels ``cc``)."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
-    inm = ()
-    for i in tl.static_range(NI):
-        inm = inm + (cmask & (n0 + (i - PAD) >= 0) & (n0 + (i - PAD) < w),)
-    gm = ()
-    for q in tl.static_range(BW):
-        gm = gm + (cmask & (n0 + q < w),)
+    inm, gm = _column_masks(cmask, n0, w, K, BW, 1)
     rs = tl.cast(w * CC, tl.int64)
     acc = ()
     for _ in tl.static_range(K * K):
@@ -586,13 +604,7 @@ def _synthesis_kernel(
     acc_ptr += tl.cast(first_off, tl.int64)
     for j in tl.static_range(NL - 1, -1, -1):
         # Level j of this launch: sizes and offset from the finest one.
-        hf = H0
-        wf = W0
-        off = tl.cast(B * 0, tl.int64)
-        for i in tl.static_range(j):
-            hf = (hf + 1) // 2  # level i's coefficient map, then the map level i + 1 synthesises to
-            wf = (wf + 1) // 2
-            off += tl.cast(B * hf * wf, tl.int64) * (4 * C)
+        hf, wf, off = _level_at(H0, W0, B, j, 4 * C)
         hc = (hf + 1) // 2
         wc = (wf + 1) // 2
         up = off + tl.cast(B * hc * wc, tl.int64) * (4 * C)  # the next coarser level's region
