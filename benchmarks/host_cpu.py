@@ -8,7 +8,8 @@ The eager triton backend's host work per layer call is Python and torch: argumen
 the allocations, layout checks and shape arithmetic around the kernel launches (5 forward and 7 backward; 2 and 5
 for maps of at most ``TUNING['small_max']``), and the launches' own bookkeeping. This script times
 ``wtconv2d(..., backend='triton')`` forward + backward on CPU tensors (Triton's interpreter lets the backend take
-them; it is switched on here before wtconvnext is imported) at the WTConvNeXt-T stage shapes, B=1 bf16 channels_last, in two modes, so that no kernel runs:
+them; it is switched on here before wtconvnext is imported) at the WTConvNeXt-T stage shapes, B=1 bf16
+channels_last, in two modes, so that no kernel runs:
 
 - ``stub``: ``triton_kernels._launch`` is a no-op; only the work around the launches is timed;
 - ``kept``: ``_launch`` runs its kept-kernel path (the cache key of every launch and its lookup, as on a GPU) up to
@@ -71,15 +72,15 @@ class _StandInKernel:
 @contextlib.contextmanager
 def no_kernels(mode: str) -> Iterator[None]:
     """Inside: every launch of the fused WTConv does no work (``mode`` 'stub' or 'kept', see the module docs)."""
-    saved, const_names = dict(vars(tk)), dict(tk._CONST_NAMES)
-    saved_mods = {mod: dict(vars(mod)) for mod in (mk, sk)}
+    # Every kernel module: the launchers reach the tensor-core and the small-map kernels through their modules (a
+    # real kernel left in place would run in the interpreter, on uninitialised data, for minutes).
+    saved_mods = {mod: dict(vars(mod)) for mod in (tk, mk, sk)}
+    saved, const_names = saved_mods[tk], dict(tk._CONST_NAMES)
     try:
         if mode == "stub":
             tk._launch = lambda *args, **kwargs: None
         else:
-            # Every kernel module's kernels: the launchers reach the tensor-core and the small-map ones through their
-            # modules (a real kernel left here would run in the interpreter, on uninitialised data, for minutes).
-            for mod, kernels in ((tk, saved), *saved_mods.items()):
+            for mod, kernels in saved_mods.items():
                 for name, value in kernels.items():
                     if name.endswith("_kernel") and hasattr(value, "arg_names"):
                         setattr(mod, name, _StandInKernel(value))
@@ -89,7 +90,7 @@ def no_kernels(mode: str) -> Iterator[None]:
             tk._CONST_NAMES.clear()  # keyed by id(): a stand-in's id may be a freed one's
         yield
     finally:
-        for name in ("_launch", "_FAST_LAUNCH", "_device_index", *[n for n in saved if n.endswith("_kernel")]):
+        for name in ("_launch", "_FAST_LAUNCH", "_device_index"):
             setattr(tk, name, saved[name])
         for mod, kernels in saved_mods.items():
             for name in [n for n in kernels if n.endswith("_kernel")]:

@@ -1177,11 +1177,10 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
 
 
 def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Optional[Tensor], k: int,
-                    levels: int) -> tuple[Tensor, Tensor, int, int]:
+                    levels: int) -> tuple[Tensor, Tensor, int]:
     """Per-program partial correlations of the weight gradients (w.r.t. the folded weights), for
     :func:`param_grads`: the base's of x and dy (with dy's sum in lane K*K), and every level's of the two
-    coefficient buffers, in one launch each; which kernels made them (K for the tensor-core ones, else 0) and how
-    many images a partial row sums."""
+    coefficient buffers, in one launch each; and which kernels made them (K for the tensor-core ones, else 0)."""
     _check_cl(x, dy)
     bsz, ch, h, w = x.shape
     if _mma.mma_applies(x.dtype, k):
@@ -1199,7 +1198,7 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
         CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll,
     )
     if not levels:
-        return base, base, 0, imgs
+        return base, base, 0
     rows = _level_programs(h, w, levels, bw, groups)
     lev = torch.empty((rows, tp, 4 * ch), device=x.device, dtype=acc)
     bc = _block_c(4 * ch, TUNING["wgrad_bc"])
@@ -1207,11 +1206,11 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
         _wgrad_kernel, (rows, _cdiv(4 * ch, bc)), (coef_x, coef_dy, lev, h, w, bsz, imgs), warps,
         CC=4 * ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC=bc, DSUM=False, COMPUTE=compute, UNROLL=unroll,
     )
-    return base, lev, 0, imgs
+    return base, lev, 0
 
 
 def _mma_weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Optional[Tensor], k: int,
-                         levels: int) -> tuple[Tensor, Tensor, int, int]:
+                         levels: int) -> tuple[Tensor, Tensor, int]:
     """:func:`weight_partials` on the tensor cores (bf16 / fp16): the same partial layout, their own rows."""
     bsz, ch, h, w = x.shape
     t = _mma.MMA_TUNING
@@ -1223,18 +1222,18 @@ def _mma_weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_d
         t["wgrad_warps"], CC=ch, K=k, TP=tp, LEVELS=0, BC=t["wgrad_bc"], DSUM=True, OPD=opd,
     )
     if not levels:
-        return base, base, k, 1
+        return base, base, k
     rows = _mma.mma_level_programs(h, w, levels, k, bsz)
     lev = torch.empty((rows, tp, 4 * ch), device=x.device, dtype=torch.float32)
     _launch(
         _mma._mma_wgrad_kernel, (rows, _cdiv(4 * ch, t["wgrad_bc"])), (coef_x, coef_dy, lev, h, w, bsz),
         t["wgrad_warps"], CC=4 * ch, K=k, TP=tp, LEVELS=levels, BC=t["wgrad_bc"], DSUM=False, OPD=opd,
     )
-    return base, lev, k, 1
+    return base, lev, k
 
 
 def param_grads(
-    parts: tuple[Tensor, Tensor, int, int], x_shape: tuple[int, ...], weight: Tensor, bias: Optional[Tensor],
+    parts: tuple[Tensor, Tensor, int], x_shape: tuple[int, ...], weight: Tensor, bias: Optional[Tensor],
     base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor, round_to: Optional[torch.dtype] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The parameters' gradients from :func:`weight_partials` (of an input of ``x_shape``), in one launch:
@@ -1242,7 +1241,7 @@ def param_grads(
     shape and dtype (d bias in base_scale's dtype when there is no bias: the gradient a zero bias would get). With
     ``round_to`` (as given to :func:`folded_weights`), each is rounded through that dtype, as the backward of a
     cast to it would."""
-    bpart, lpart, mma_k, imgs = parts
+    bpart, lpart, mma_k = parts
     bsz, _, h, w = x_shape
     ch, k, levels = weight.shape[0], weight.shape[-1], wavelet_weight.shape[0]
     weight, base_scale = weight.contiguous(), base_scale.contiguous()
@@ -1256,7 +1255,7 @@ def param_grads(
     _launch(
         _param_grads_kernel, (_cdiv(ch, bc), levels + 1),
         (bpart, lpart, weight, bias if bias is not None else base_scale, base_scale, wavelet_weight, wavelet_scale,
-         d_weight, d_bias, d_base_scale, d_ww, d_ws, bpart.shape[0], h, w, bsz, imgs), 4,
+         d_weight, d_bias, d_base_scale, d_ww, d_ws, bpart.shape[0], h, w, bsz, TUNING["wgrad_imgs"]), 4,
         C=ch, K=k, TP=bpart.shape[1], LEVELS=levels, BW=TUNING["wgrad_bw"], HAS_BIAS=bias is not None,
         BLOCK_C=bc, COMPUTE=_compute_dtype(bpart.dtype), ROUND=_tl_dtype(round_to), MMA_K=mma_k,
     )
