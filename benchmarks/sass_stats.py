@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import compile_sm90, write_json  # noqa: E402
 
-KERNELS = ["conv_base", "conv_base_syn1", "conv_base_unroll", "conv_levels", "conv_levels_unroll", "dx_base",
+KERNELS = ["conv_base", "conv_base_syn1", "conv_levels", "dx_base",
            "wgrad_base", "wgrad_levels", "wgrad_levels_unroll", "wgrad_levels_fp32",
            "mma_conv_base", "mma_conv_base_syn1", "mma_conv_levels", "mma_wgrad_base", "mma_wgrad_levels"]
 _INSTR = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[.\s]")
@@ -62,7 +62,7 @@ def _case(name: str, ch: int, dtype: str):
         syn1 = name.endswith("syn1")
         const = dict(CC=cc, K=5, LEVELS=levels, BW=tun["conv_bw"], BC=tk._block_c(cc, tun["conv_bc"]), STRIDE=1,
                      HAS_ACC=not levels, HAS_BIAS=name.startswith("conv_base"), FLIP=name.startswith("dx"), COMPUTE=fp,
-                     SYN1=syn1, HAS_ACC2=syn1, UNROLL=name.endswith("unroll"))
+                     SYN1=syn1, HAS_ACC2=syn1)
         return tk._conv_kernel, sig, const, tun["conv_warps"]
     sig = dict(x_ptr=x, g_ptr=x, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32)
     const = dict(CC=cc, K=5, TP=32, LEVELS=levels, BW=tun["wgrad_bw"], BC=tk._block_c(cc, tun["wgrad_bc"]),

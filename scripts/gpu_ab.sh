@@ -8,7 +8,7 @@
 # Needs the golden data (see gpu_check.sh).
 # 1. correctness of both kernel sets on the GPU (golden data, the op contract, stage shapes, mma vs FMA),
 # 2. pass by pass (forward, input gradient, weight gradients) at every stage shape: "abrows", today's kernels against
-#    $AB_BASELINE; "abtune", the FMA kernels' opt-in variants (TUNING syn1, conv_unroll, wgrad_unroll) against
+#    $AB_BASELINE; "abtune", the FMA kernels' loop variants (TUNING syn1, wgrad_unroll off) against
 #    today's launches; "abmma", FMA vs tensor-core kernels (ab_kernels.py --mma),
 #    weights split into hi + lo operands and rounded once, level 1 synthesised by the base convolution or not,
 # 3. the layer table with both (bench_layer.py --quick --dtypes bf16: rows wtconv_triton_cl_fma / _mma / _mma1),
@@ -48,8 +48,8 @@ if [[ "$what" == *abrows* ]]; then  # today's FMA kernels against an earlier cop
     echo "abrows: set AB_BASELINE to a copy of an earlier wtconvnext/ops/triton_kernels.py" | tee "$out/ab_rows.txt"
   fi
 fi
-if [[ "$what" == *abtune* ]]; then  # the FMA kernels' opt-in loop variants, each against today's launches
-  for t in syn1=1 conv_unroll=1 wgrad_unroll=1 "syn1=1 conv_unroll=1 wgrad_unroll=1"; do
+if [[ "$what" == *abtune* ]]; then  # the FMA kernels' loop variants, each against today's defaults
+  for t in syn1=0 wgrad_unroll=0; do
     tag=$(echo "$t" | tr ' =' '_-')
     step 120 "ab_$tag.txt" "$py" benchmarks/ab_kernels.py --tuning $t --dtypes bf16 --out "$out/ab_$tag.json"
   done
@@ -57,7 +57,7 @@ fi
 if [[ "$what" == *absmall* ]]; then
   # The one-launch passes of small maps (small_kernels.py, default) against the multi-launch ones (small_max=0:
   # speedups below 1 favour the default), and the small path's launch variants, at stages 3-4.
-  for t in "small_max=0" "small_bc=32 small_warps=1" "small_bc=128 small_warps=4" "conv_unroll=1 wgrad_unroll=1"; do
+  for t in "small_max=0" "small_bc=32 small_warps=1" "small_bc=128 small_warps=4" "syn1=0"; do
     tag=$(echo "$t" | tr ' =' '_-')
     step 150 "ab_$tag.txt" "$py" benchmarks/ab_kernels.py --tuning $t --shapes 2 3 --dtypes bf16 \
       --out "$out/ab_$tag.json"

@@ -30,17 +30,15 @@ def _cases():
             dict(C=96, NL=nl, M=m, HAS_ACC=nl == 2, BC=32, CHUNK=64, COMPUTE=fp)
     conv = dict(x_ptr=bf16, acc_ptr=bf16, acc2_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32, W=i32,
                 B=i32)
-    no_syn = dict(SYN1=False, HAS_ACC2=False, UNROLL=False)
-    for unroll in (False, True):
-        yield tk._conv_kernel, conv, dict(CC=384, K=5, LEVELS=5, BW=4, BC=32, STRIDE=1, HAS_ACC=False,
-                                          HAS_BIAS=False, FLIP=True, COMPUTE=fp, **{**no_syn, "UNROLL": unroll})
+    no_syn = dict(SYN1=False, HAS_ACC2=False)
+    yield tk._conv_kernel, conv, dict(CC=384, K=5, LEVELS=5, BW=4, BC=32, STRIDE=1, HAS_ACC=False, HAS_BIAS=False,
+                                      FLIP=True, COMPUTE=fp, **no_syn)
     for k, stride in ((5, 1), (3, 2), (7, 1)):
         yield tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=4, BC=32, STRIDE=stride, HAS_ACC=True,
-                                          HAS_BIAS=True, FLIP=False, COMPUTE=fp, **{**no_syn, "UNROLL": k == 7})
+                                          HAS_BIAS=True, FLIP=False, COMPUTE=fp, **no_syn)
     for acc2, stride in ((True, 1), (False, 2)):  # the base convolution synthesising level 1 itself
         yield tk._conv_kernel, conv, dict(CC=96, K=5, LEVELS=0, BW=4, BC=32, STRIDE=stride, HAS_ACC=True,
-                                          HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=True, HAS_ACC2=acc2,
-                                          UNROLL=acc2)
+                                          HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=True, HAS_ACC2=acc2)
     wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32)
     for unroll in (False, True):
         yield tk._wgrad_kernel, wg, dict(CC=96, K=5, TP=32, LEVELS=0, BW=7, BC=32, DSUM=True, COMPUTE=fp,
@@ -57,7 +55,7 @@ def _cases():
     for levels in (0, 2):
         yield tk._conv_kernel, dict(x_ptr=bf16, acc_ptr=bf16, acc2_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32), \
             dict(acc2_off=1, H=1, W=1, B=1, CC=96, K=5, LEVELS=levels, BW=4, BC=32, STRIDE=1, HAS_ACC=True,
-                 HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=levels == 0, HAS_ACC2=levels == 0, UNROLL=True)
+                 HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=levels == 0, HAS_ACC2=levels == 0)
         yield tk._wgrad_kernel, dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32), \
             dict(H=1, W=1, B=1, IMGS=1, CC=96, K=5, TP=32, LEVELS=levels, BW=7, BC=32, DSUM=True, COMPUTE=fp,
                  UNROLL=levels == 0)
@@ -68,13 +66,13 @@ def _cases():
         yield tk._fold_kernel, dict(**params, bw_ptr=f32, bb_ptr=f32, lw_ptr=f32), \
             dict(C=96, K=5, TP=32, HAS_BIAS=True, BLOCK_C=64, COMPUTE=fp, ROUND=round_to)
         yield tk._param_grads_kernel, dict(bpart_ptr=f32, lpart_ptr=f32, **params, **grads, **ints), \
-            dict(C=96, K=5, TP=32, LEVELS=5, BW=7, HAS_BIAS=True, BLOCK_C=64, COMPUTE=fp, ROUND=round_to,
-                 MMA_K=5 if round_to is not None else 0)
+            dict(C=96, K=5, TP=32, LEVELS=5, BW=7, HAS_BIAS=True, BLOCK_C=32, COMPUTE=fp, ROUND=round_to,
+                 MMA_K=5 if round_to is not None else 0, RB=16)
     yield tk._param_grads_kernel, dict(bpart_ptr=f32, lpart_ptr=f32, **params, **grads), \
-        dict(R0=1, H=1, W=1, B=1, IMGS=1, C=96, K=5, TP=32, LEVELS=2, BW=7, HAS_BIAS=True, BLOCK_C=64, COMPUTE=fp,
-             ROUND=None, MMA_K=0)
+        dict(R0=1, H=1, W=1, B=1, IMGS=1, C=96, K=5, TP=32, LEVELS=2, BW=7, HAS_BIAS=True, BLOCK_C=32, COMPUTE=fp,
+             ROUND=None, MMA_K=0, RB=16)
     yield tk._param_grads_kernel, dict(bpart_ptr=f32, lpart_ptr=f32, **{k: bf16 for k in [*params, *grads]}, **ints), \
-        dict(C=96, K=5, TP=32, LEVELS=2, BW=7, HAS_BIAS=False, BLOCK_C=64, COMPUTE=fp, ROUND=None, MMA_K=0)
+        dict(C=96, K=5, TP=64, LEVELS=2, BW=7, HAS_BIAS=False, BLOCK_C=32, COMPUTE=fp, ROUND=None, MMA_K=0, RB=8)
     yield from _small_cases()
     yield from _mma_cases()
 
@@ -93,10 +91,10 @@ def _small_cases():
                                        (7, 1, 4, 1, True), (5, 0, 8, 1, True)):
         yield sk._small_kernel, dict(**ptrs, H=i32, W=i32, B=i32), dict(
             C=384, K=k, LEVELS=levels, HM=hm, WM=hm, BW=4, BC=32, CHUNK=16, STRIDE=stride, HAS_BIAS=fwd,
-            FLIP=not fwd, HAS_COEF=not fwd, COMPUTE=tl.float32, UNROLL=levels == 2)
+            FLIP=not fwd, HAS_COEF=not fwd, COMPUTE=tl.float32, SYN1=int(levels != 4))
     yield sk._small_kernel, dict(**ptrs), dict(H=1, W=1, B=1, C=96, K=5, LEVELS=2, HM=1, WM=1, BW=4, BC=32, CHUNK=16,
                                                STRIDE=1, HAS_BIAS=True, FLIP=False, HAS_COEF=False,
-                                               COMPUTE=tl.float32, UNROLL=False)
+                                               COMPUTE=tl.float32, SYN1=1)
 
 
 def _mma_cases():
@@ -137,7 +135,7 @@ def _compile_all() -> int:
     failed = 0
     for fn, signature, constexprs in _cases():
         try:
-            warps = 2 if fn.__name__.startswith("_small") else 4
+            warps = 2 if fn.__name__.startswith("_small") else 8 if fn.__name__ == "_param_grads_kernel" else 4
             if fn.__name__.startswith("_mma"):
                 from wtconvnext.ops import mma_kernels as mk
 
@@ -171,7 +169,7 @@ def _loop_carries() -> int:
         ni = bw + k - 1
         cases = [
             (tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=bw, BC=32, STRIDE=1, HAS_ACC=True, HAS_BIAS=True,
-                                         FLIP=False, COMPUTE=tl.float32, SYN1=False, HAS_ACC2=False, UNROLL=unroll),
+                                         FLIP=False, COMPUTE=tl.float32, SYN1=False, HAS_ACC2=False),
              {(k - 1) * bw + ni}),
         ]
         for dsum in (False, True):

@@ -328,11 +328,15 @@ def test_coefficients_are_the_haar_subbands(dtype):
     dict(conv_bw=11, conv_bc=16, wgrad_bw=9, wgrad_bc=16, wgrad_imgs=3, patch_chunk=256, patch_bc=4),
     dict(conv_bw=2, syn1=1),  # level 1 synthesised by the base convolution, strips of one 2 x 2 block
     # Odd strips: syn1 does not apply, the synthesis launch does level 1.
-    dict(conv_bw=11, wgrad_bw=9, syn1=1, conv_unroll=1, wgrad_unroll=1),
+    dict(conv_bw=11, wgrad_bw=9, syn1=1, wgrad_unroll=0),
+    dict(syn1=0),  # the synthesis launch does level 1 at the default strips
     # The one-launch pass of small maps: one-column strips, two-channel blocks, one-position steps; and wide ones.
     dict(small_max=16, small_bw=1, small_bc=2, small_warps=1, small_chunk=1),
     dict(small_max=16, small_bw=11, small_bc=16, small_warps=4, small_chunk=256),
-], ids=["tiny-tiles", "large-tiles", "syn1-narrow", "syn1-odd-strips-unrolled", "small-tiny", "small-large"])
+    dict(small_max=16, small_bw=2, syn1=1),  # level 1 synthesised by the base convolution
+    dict(small_max=16, syn1=0),  # the small pass's synthesis does level 1
+], ids=["tiny-tiles", "large-tiles", "syn1-narrow", "syn1-odd-strips", "no-syn1", "small-tiny",
+     "small-large", "small-syn1-narrow", "small-no-syn1"])
 def test_launch_shapes_do_not_change_results(tuning, monkeypatch):
     """Column strips, channel blocks, image groups and patch chunks that split maps, images and channels
     unevenly (and strips wider than the maps)."""
@@ -363,20 +367,21 @@ def _spy_launches(monkeypatch) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[4], SHAPES[5], SHAPES[6], SHAPES[7]],
-                         ids=["L2", "7x7", "L6", "s2", "s3odd", "1x1"])
-def test_base_convolution_synthesising_level1(shape, monkeypatch):
-    """TUNING syn1=1: the explicit-column base convolution adds level 1's inverse Haar step itself (the synthesis
-    launches start at level 2), in float64 as exact as the separate launch, for odd maps, strides and more levels
-    than the map halves."""
+@pytest.mark.parametrize("shape, syn1", [(SHAPES[0], 1), (SHAPES[1], 1), (SHAPES[4], 1), (SHAPES[5], 1),
+                                         (SHAPES[6], 1), (SHAPES[7], 1), (SHAPES[0], 0), (SHAPES[5], 0)],
+                         ids=["L2", "7x7", "L6", "s2", "s3odd", "1x1", "L2-off", "s2-off"])
+def test_base_convolution_synthesising_level1(shape, syn1, monkeypatch):
+    """TUNING syn1=1 (the default): the explicit-column base convolution adds level 1's inverse Haar step itself
+    (the synthesis launches start at level 2), in float64 as exact as the separate launch (syn1=0), for odd maps,
+    strides and more levels than the map halves."""
     from wtconvnext.ops import triton_kernels as tk
 
-    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "syn1": 1, "small_max": 0})
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "syn1": syn1, "small_max": 0})
     names = _spy_launches(monkeypatch)
     _float64_matches_reference(shape)
     levels = shape[5]
-    # Forward and input gradient: one synthesis launch per chunk of levels 2.. (none for one level).
-    assert names.count("_synthesis_kernel") == 2 * len(tk._chunks(levels, 2)), names
+    # Forward and input gradient: one synthesis launch per chunk of levels 2.. (none for one level), or 1.. .
+    assert names.count("_synthesis_kernel") == 2 * len(tk._chunks(levels, 2 if syn1 else 1)), names
 
 
 @pytest.mark.parametrize("small", [False, True], ids=["multi-launch", "small-map"])
@@ -419,8 +424,9 @@ def test_small_maps_one_launch_per_pass(shape, monkeypatch):
     assert weight_grads.count("_wgrad_kernel") == 2 and weight_grads[-1] == "_param_grads_kernel", names
 
 
-@pytest.mark.parametrize("tuning", [dict(), dict(small_bw=7, small_bc=16, small_chunk=4, conv_unroll=1)],
-                         ids=["default", "wide-strips"])
+@pytest.mark.parametrize("tuning", [dict(), dict(syn1=0),
+                                    dict(small_bw=7, small_bc=16, small_chunk=4, syn1=0)],
+                         ids=["default", "no-syn1", "wide-strips"])
 def test_small_maps_bitwise_as_multi_launch(tuning, monkeypatch):
     """The one-launch pass runs the multi-launch path's device functions in the same order on the same buffers:
     bf16 outputs and gradients are bitwise those of the multi-launch kernels (channels split unevenly)."""
@@ -438,13 +444,12 @@ def test_small_maps_bitwise_as_multi_launch(tuning, monkeypatch):
 
 
 @pytest.mark.parametrize("shape", [SHAPES[2], SHAPES[5], SHAPES[9]], ids=["K7", "s2", "K11"])
-def test_rows_unrolled(shape, monkeypatch):
-    """TUNING conv_unroll=1, wgrad_unroll=1: the convolutions' and the weight gradients' middle rows in unrolled
-    blocks of K, the leftover rows one at a time (maps from 1 x 1 up to 23 rows), as exact as one row per
-    iteration."""
+def test_wgrad_rows_one_at_a_time(shape, monkeypatch):
+    """TUNING wgrad_unroll=0: the weight gradients' middle rows one at a time instead of in unrolled blocks of K
+    (the default, whose leftover rows go one at a time), for maps from 1 x 1 up to 23 rows, as exact."""
     from wtconvnext.ops import triton_kernels as tk
 
-    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "conv_unroll": 1, "wgrad_unroll": 1})
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "wgrad_unroll": 0})
     _float64_matches_reference(shape)
 
 

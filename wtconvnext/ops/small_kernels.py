@@ -4,7 +4,7 @@ At 14 x 14 and 7 x 7 a pass of :func:`~wtconvnext.ops.triton_kernels.wtconv_forw
 programs each do little: launches and their host time, not multiply-adds, set the layer's time there. Here one
 program owns one image and a block of channels and runs every phase of the pass itself, in order: the analysis of
 every level, every level's depthwise convolutions (each subband, strip by strip), the synthesis coarse to fine, and
-the base convolution that adds acc_1 and the bias. The phases exchange data through the same flat coefficient and
+the base convolution that adds acc_1 (or, with TUNING syn1, level 1's inverse Haar step) and the bias. The phases exchange data through the same flat coefficient and
 filtered-subband buffers as the multi-launch path (each program touches only its own image and channels, so no
 two programs share a byte) with a barrier between phases; L1 / L2 serve the re-reads.
 
@@ -80,9 +80,10 @@ def _image_analysis(src_ptr, coef_ptr, H, W, B, b, cc2, cm2, C: tl.constexpr, LE
 def _image_pass(x_ptr, coef_ptr, filt_ptr, y_ptr, bw_ptr, bb_ptr, lw_ptr, H, W, B, b, c1, cm1,
                 C: tl.constexpr, K: tl.constexpr, LEVELS: tl.constexpr, HM: tl.constexpr, WM: tl.constexpr,
                 BW: tl.constexpr, BC: tl.constexpr, CHUNK: tl.constexpr, STRIDE: tl.constexpr,
-                HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr):
+                HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr):
     """A pass of image b from x's coefficients (already in ``coef_ptr``): the level convolutions, the synthesis
-    and the base convolution, with a barrier between phases."""
+    and the base convolution, with a barrier between phases. SYN1 (BW even): the base convolution does level 1's
+    inverse Haar step itself, as the multi-launch one does, so the synthesis stops at level 2."""
     zero = b * 0  # an int64 zero: offsets into the level buffers can pass 2^31
     cc2 = c1[None, :]
     cm2 = cm1[None, :]
@@ -103,12 +104,12 @@ def _image_pass(x_ptr, coef_ptr, filt_ptr, y_ptr, bw_ptr, bb_ptr, lw_ptr, H, W, 
                 for n0 in range(0, wl, BW):
                     xb = coef_ptr + img + n0 * (4 * C) + cc
                     _conv_strip(xb, xb, filt_ptr + img + cc, rs, rs, hl, wl, n0, cm1, wts, zbias, xb, xb, rs,
-                                4 * C, K, BW, 1, False, False, FLIP, COMPUTE, False, False, UNROLL)
+                                4 * C, K, BW, 1, False, False, FLIP, COMPUTE, False, False)
             off += tl.cast(B * hl * wl, tl.int64) * (4 * C)
         tl.debug_barrier()
         # The synthesis, coarse to fine: acc_i over this image's block of level i's coefficient region (laid out
         # (h_{i-1}, w_{i-1}, C) from the block's start, so no write reaches another image's coefficients).
-        for j in tl.static_range(LEVELS - 1, -1, -1):
+        for j in tl.static_range(LEVELS - 1, SYN1 - 1, -1):
             hf, wf, off = _level_at(H, W, B, j, 4 * C)
             hc = (hf + 1) // 2
             wc = (wf + 1) // 2
@@ -127,12 +128,19 @@ def _image_pass(x_ptr, coef_ptr, filt_ptr, y_ptr, bw_ptr, bb_ptr, lw_ptr, H, W, 
         bias = tl.zeros((BC,), dtype=COMPUTE)
     rs = tl.cast(W * C, tl.int64)
     xb0 = x_ptr + b * H * rs + c1
-    ab0 = coef_ptr + b * ((H + 1) // 2) * ((W + 1) // 2) * (4 * C) + c1
+    h1 = (H + 1) // 2
+    w1 = (W + 1) // 2
+    ab0 = coef_ptr + b * h1 * w1 * (4 * C) + c1
     ors = tl.cast((W + STRIDE - 1) // STRIDE * C, tl.int64)
     yb = y_ptr + b * ((H + STRIDE - 1) // STRIDE) * ors + c1
+    # SYN1: level 1's filtered subbands (this image's block) and acc_2 (over this image's block of level 2).
+    t1 = filt_ptr + b * h1 * w1 * (4 * C) + c1
+    a2 = coef_ptr + tl.cast(B * h1 * w1, tl.int64) * (4 * C) + b * ((h1 + 1) // 2) * ((w1 + 1) // 2) * (4 * C) + c1
+    rs1 = tl.cast(w1 * C, tl.int64)
     for n0 in range(0, W, BW):
-        _conv_strip(xb0 + n0 * C, ab0 + n0 * C, yb, rs, ors, H, W, n0, cm1, wts, bias, xb0, xb0, rs,
-                    C, K, BW, STRIDE, LEVELS > 0, HAS_BIAS, FLIP, COMPUTE, False, False, UNROLL)
+        _conv_strip(xb0 + n0 * C, ab0 + n0 * C, yb, rs, ors, H, W, n0, cm1, wts, bias, t1 + n0 // 2 * (4 * C),
+                    a2 + n0 // 2 * C, rs1, C, K, BW, STRIDE, LEVELS > 0, HAS_BIAS, FLIP, COMPUTE,
+                    SYN1 and LEVELS > 0, SYN1 and LEVELS > 1)
 
 
 @triton.jit
@@ -148,7 +156,7 @@ def _small_kernel(
     H, W, B,
     C: tl.constexpr, K: tl.constexpr, LEVELS: tl.constexpr, HM: tl.constexpr, WM: tl.constexpr,
     BW: tl.constexpr, BC: tl.constexpr, CHUNK: tl.constexpr, STRIDE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    FLIP: tl.constexpr, HAS_COEF: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr,
+    FLIP: tl.constexpr, HAS_COEF: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr,
 ):
     """One WTConv pass (forward, or with FLIP and no bias the input gradient) of image ``program_id(0)``,
     channels ``program_id(1) * BC ...``; HM / WM: powers of two at least H / W (the analysis and synthesis tiles)."""
@@ -159,4 +167,4 @@ def _small_kernel(
         _image_analysis(x_ptr, coef_ptr, H, W, B, b, c1[None, :], cm1[None, :], C, LEVELS, HM, WM, CHUNK, COMPUTE)
         tl.debug_barrier()
     _image_pass(x_ptr, coef_ptr, filt_ptr + tl.cast(filt_off, tl.int64), y_ptr, bw_ptr, bb_ptr, lw_ptr, H, W, B, b,
-                c1, cm1, C, K, LEVELS, HM, WM, BW, BC, CHUNK, STRIDE, HAS_BIAS, FLIP, COMPUTE, UNROLL)
+                c1, cm1, C, K, LEVELS, HM, WM, BW, BC, CHUNK, STRIDE, HAS_BIAS, FLIP, COMPUTE, SYN1)

@@ -120,14 +120,13 @@ def _conv_kernel(
     acc2_off, H, W, B,
     CC: tl.constexpr, K: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
     STRIDE: tl.constexpr, HAS_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, FLIP: tl.constexpr,
-    COMPUTE: tl.constexpr, SYN1: tl.constexpr, HAS_ACC2: tl.constexpr, UNROLL: tl.constexpr,
+    COMPUTE: tl.constexpr, SYN1: tl.constexpr, HAS_ACC2: tl.constexpr,
 ):
     """Depthwise K x K convolution, 'same' zero padding: of one map (LEVELS = 0), or of every level's subbands in
-    one launch (LEVELS = L: the program finds its level). FLIP rotates the kernel by 180 degrees. UNROLL: the
-    middle rows in unrolled blocks of K. SYN1 (with
-    HAS_ACC, BW even): the base convolution adds level 1's inverse Haar step itself, from the filtered subbands
-    (and acc_2 on their low-pass), instead of reading a synthesised acc_1: one full-resolution map less written
-    and read, a butterfly per 2 x 2 block more."""
+    one launch (LEVELS = L: the program finds its level). FLIP rotates the kernel by 180 degrees. SYN1 (with
+    HAS_ACC, BW even): the base convolution adds level 1's
+    inverse Haar step itself, from the filtered subbands (and acc_2 on their low-pass), instead of reading a
+    synthesised acc_1: one full-resolution map less written and read, a butterfly per 2 x 2 block more."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
     pid = tl.program_id(0)
@@ -174,7 +173,7 @@ def _conv_kernel(
         a2p = ab
         rs1 = rs
     _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
-                CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, UNROLL)
+                CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2)
 
 
 @triton.jit
@@ -207,7 +206,7 @@ def _column_masks(cmask, n0, w, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.co
 def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
                 CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.constexpr, HAS_ACC: tl.constexpr,
                 HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr,
-                HAS_ACC2: tl.constexpr, UNROLL: tl.constexpr):
+                HAS_ACC2: tl.constexpr):
     """One strip of BW output columns from column n0 of an (h, w) map, walked down every row: ``xb`` / ``ab`` point
     at row 0, column n0 of the input / the added map (row stride ``rs``), ``yb`` at the output's row 0, column 0
     (row stride ``ors``); the channel vectors take the shape of ``cmask``."""
@@ -222,22 +221,13 @@ def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
     for i in tl.static_range(NI):
         nxt = nxt + (tl.load(xb - PAD * rs + (i - PAD) * CC, mask=inm[i] & (PAD == 0) & (h > 0), other=0.0),)
     # Rows -PAD .. h+PAD-1 in three loops: the rows in the middle, whose next row exists and which complete an
-    # output row, without the row tests (in each load's mask and around the stores) that the edges need.
+    # output row, without the row tests (in each load's mask and around the stores) that the edges need. (One
+    # loop testing every row ran at 0.94-0.95x in the input gradient on the H200, session 20.)
     mid = tl.maximum(h - 1, PAD)
     for r in range(-PAD, PAD):
         acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
                              CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True)
-    rows = PAD
-    if UNROLL:
-        # The middle rows K at a time, unrolled: after K rows the accumulators' rotation is back where it started,
-        # so the loop carries them without register moves.
-        for r0 in range(PAD, mid - K + 1, K):
-            for u in tl.static_range(K):
-                acc, nxt = _conv_row(acc, nxt, r0 + u, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
-                                     t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
-                                     HAS_ACC2, False)
-        rows = PAD + (mid - PAD) // K * K
-    for r in range(rows, mid):
+    for r in range(PAD, mid):
         acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
                              CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, False)
     for r in range(mid, h + PAD):
@@ -718,18 +708,16 @@ def _param_grads_kernel(
     C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr, ROUND: tl.constexpr,  # as _fold_kernel
     MMA_K: tl.constexpr,  # > 0: the level partials come from the tensor-core kernels (their rows per level)
+    RB: tl.constexpr,  # partial rows summed per step
 ):
     """Partials summed in a fixed order, then the chain rule through the folding, one program per channel block
-    and group (0: base, i: level i): ``d W = scale * corr``, ``d scale = sum_taps W * corr`` (+ ``bias * sum dy``
-    for base_scale), ``d bias = base_scale * sum dy``."""
+    and group (axis 1: 0 the base, 1 + 4 (i - 1) + s subband s of level i): ``d W = scale * corr``,
+    ``d scale = sum_taps W * corr`` (+ ``bias * sum dy`` for base_scale), ``d bias = base_scale * sum dy``."""
     KK: tl.constexpr = K * K
     g, t, c1, cm1, tm = _group_tile(C, KK, TP, BLOCK_C)
     cc = c1[None, :]
     if g == 0:
-        corr = tl.zeros((TP, BLOCK_C), dtype=COMPUTE)
-        pm = (t <= KK) & (cc < C)
-        for r in range(R0):
-            corr += tl.load(bpart_ptr + (r * TP + t).to(tl.int64) * C + cc, mask=pm, other=0.0).to(COMPUTE)
+        corr = _partial_sum(bpart_ptr, 0, R0, t, cc, (t <= KK) & (cc < C), C, TP, BLOCK_C, RB, COMPUTE)
         dsum = tl.sum(tl.where(t == KK, corr, 0.0), 0)
         corr = tl.where(t < KK, corr, 0.0)
         bs = _param(bs_ptr, c1, cm1, ROUND, COMPUTE)
@@ -741,32 +729,36 @@ def _param_grads_kernel(
         _store_grad(dbs_ptr, c1, dbs, cm1, ROUND)
         _store_grad(db_ptr, c1, bs * dsum, cm1, ROUND)
     else:
-        first, rows = _level_rows(g, H, W, B, IMGS, BW, LEVELS, MMA_K)
-        c0 = tl.zeros((TP, BLOCK_C), dtype=COMPUTE)
-        c1_ = tl.zeros((TP, BLOCK_C), dtype=COMPUTE)
-        c2 = tl.zeros((TP, BLOCK_C), dtype=COMPUTE)
-        c3 = tl.zeros((TP, BLOCK_C), dtype=COMPUTE)
-        for r in range(first, first + rows):
-            p = lpart_ptr + (r * TP + t).to(tl.int64) * (4 * C) + cc
-            c0 += tl.load(p, mask=tm, other=0.0).to(COMPUTE)
-            c1_ += tl.load(p + C, mask=tm, other=0.0).to(COMPUTE)
-            c2 += tl.load(p + 2 * C, mask=tm, other=0.0).to(COMPUTE)
-            c3 += tl.load(p + 3 * C, mask=tm, other=0.0).to(COMPUTE)
-        lc = (g - 1) * C + c1
-        _level_param_grads(c0, 0, lc, t, tm, cm1, ww_ptr, ws_ptr, dww_ptr, dws_ptr, KK, ROUND, COMPUTE)
-        _level_param_grads(c1_, 1, lc, t, tm, cm1, ww_ptr, ws_ptr, dww_ptr, dws_ptr, KK, ROUND, COMPUTE)
-        _level_param_grads(c2, 2, lc, t, tm, cm1, ww_ptr, ws_ptr, dww_ptr, dws_ptr, KK, ROUND, COMPUTE)
-        _level_param_grads(c3, 3, lc, t, tm, cm1, ww_ptr, ws_ptr, dww_ptr, dws_ptr, KK, ROUND, COMPUTE)
+        lv = (g - 1) // 4 + 1
+        s = (g - 1) % 4
+        first, rows = _level_rows(lv, H, W, B, IMGS, BW, LEVELS, MMA_K)
+        corr = _partial_sum(lpart_ptr + s * C, first, rows, t, cc, tm, 4 * C, TP, BLOCK_C, RB, COMPUTE)
+        lc = (lv - 1) * C + c1  # (level, channel) row of the wavelet parameters
+        sc = _param(ws_ptr, lc * 4 + s, cm1, ROUND, COMPUTE)
+        woff = (lc[None, :] * 4 + s) * KK + t
+        w = _param(ww_ptr, woff, tm, ROUND, COMPUTE)
+        _store_grad(dww_ptr, woff, corr * sc[None, :], tm, ROUND)
+        _store_grad(dws_ptr, lc * 4 + s, tl.sum(w * corr, 0), cm1, ROUND)
 
 
 @triton.jit
-def _level_param_grads(corr, s: tl.constexpr, lc, t, tm, cm1, ww_ptr, ws_ptr, dww_ptr, dws_ptr, KK: tl.constexpr,
-                       ROUND: tl.constexpr, COMPUTE: tl.constexpr):
-    sc = _param(ws_ptr, lc * 4 + s, cm1, ROUND, COMPUTE)
-    woff = (lc[None, :] * 4 + s) * KK + t
-    w = _param(ww_ptr, woff, tm, ROUND, COMPUTE)
-    _store_grad(dww_ptr, woff, corr * sc[None, :], tm, ROUND)
-    _store_grad(dws_ptr, lc * 4 + s, tl.sum(w * corr, 0), cm1, ROUND)
+def _partial_sum(ptr, first, rows, t, cc, m, RS: tl.constexpr, TP: tl.constexpr, BLOCK_C: tl.constexpr,
+                 RB: tl.constexpr, COMPUTE: tl.constexpr):
+    """The sum of partial rows ``first`` .. ``first + rows - 1``, each a (TP, BLOCK_C) tile at ``ptr + (row * TP +
+    t) * RS + cc`` (mask ``m``): RB rows per step into an (RB, TP, BLOCK_C) accumulator (RB loads in flight where
+    one row at a time waited on each), then over its rows; a fixed order, so the bits do not vary."""
+    rr = tl.arange(0, RB)[:, None, None]
+    t3 = t[None, :, :]
+    c3 = cc[None, :, :]
+    m3 = m[None, :, :]
+    acc = tl.zeros([RB, TP, BLOCK_C], dtype=COMPUTE)
+    end = first + rows
+    for r0 in range(first, end, RB):
+        r = r0 + rr
+        acc += tl.load(ptr + (r * TP + t3).to(tl.int64) * RS + c3, mask=m3 & (r < end), other=0.0).to(COMPUTE)
+    return tl.sum(acc, 0)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Launchers
 
@@ -796,11 +788,11 @@ TUNING: dict[str, int] = {
     "conv_bw": 4, "conv_bc": 32, "conv_warps": 1,
     "wgrad_bw": 7, "wgrad_bc": 64, "wgrad_warps": 2, "wgrad_imgs": 4,
     "patch_chunk": 64, "patch_bc": 32, "patch_warps": 4,
-    # syn1 = 1: the FMA base convolution synthesises level 1 itself (needs an even conv_bw), as the tensor-core
-    # one does by default; conv_unroll = 1: the convolutions' middle rows in unrolled blocks of K (no register
-    # moves for the rolling accumulators, K times the loop's code); wgrad_unroll = 1: the same for the weight
-    # gradients' x rows (the K dy rows in flight). All off until a GPU A/B (ab_kernels.py --tuning) decides.
-    "syn1": 0, "conv_unroll": 0, "wgrad_unroll": 0,
+    # syn1 = 1: the FMA base convolution (multi-launch and small-map pass) synthesises level 1 itself (needs an
+    # even strip width); wgrad_unroll = 1: the weight gradients' x rows in unrolled blocks of K (the K dy rows in
+    # flight rotate by renaming). H200, bf16, B=128 (results/h200/summary.md, session 20): syn1 forward 1.30x /
+    # 1.24x and input gradient 1.31x / 1.25x at 56 x 56 / 28 x 28; wgrad_unroll 1.06x / 1.20x.
+    "syn1": 1, "wgrad_unroll": 1,
     # Maps of at most small_max rows and columns run a whole pass in one launch (small_kernels.py): a program per
     # image and small_bc channels, small_warps warps, strips of small_bw columns, small_chunk positions per
     # analysis / synthesis step. 0: never. H200, bf16, B=128 (results/h200/summary.md, session 18): forward /
@@ -809,7 +801,7 @@ TUNING: dict[str, int] = {
     # it ran at 0.55x: a program per image leaves too few warps there.
     "small_max": 16, "small_bw": 4, "small_bc": 64, "small_warps": 2, "small_chunk": 16,
 }
-_FLAG_KEYS = ("syn1", "conv_unroll", "wgrad_unroll")  # 0 or 1, not sizes
+_FLAG_KEYS = ("syn1", "wgrad_unroll")  # 0 or 1, not sizes
 _ZERO_KEYS = ("small_max",)  # 0 turns the path off
 _POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk")
 
@@ -1142,7 +1134,8 @@ def _small_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor]
         (x, coef, filt, filt_off, out, base_w, base_w if base_b is None else base_b, level_w, h, w, bsz),
         TUNING["small_warps"], C=ch, K=k, LEVELS=levels, HM=_pow2(h), WM=_pow2(w), BW=TUNING["small_bw"], BC=bc,
         CHUNK=TUNING["small_chunk"], STRIDE=stride, HAS_BIAS=base_b is not None, FLIP=flip,
-        HAS_COEF=given, COMPUTE=_compute_dtype(x.dtype), UNROLL=bool(TUNING["conv_unroll"]),
+        HAS_COEF=given, COMPUTE=_compute_dtype(x.dtype),
+        SYN1=int(bool(TUNING["syn1"]) and TUNING["small_bw"] % 2 == 0),
     )
 
 
@@ -1172,7 +1165,7 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
         _conv_kernel, (programs, _cdiv(cc, bc)),
         (x, acc, x if acc2 is None else acc2, y, wts, bias, acc2_off, h, w, bsz), TUNING["conv_warps"],
         CC=cc, K=k, LEVELS=levels, BW=bw, BC=bc, STRIDE=stride, HAS_ACC=has_acc, HAS_BIAS=has_bias, FLIP=flip,
-        COMPUTE=_compute_dtype(x.dtype), SYN1=syn1, HAS_ACC2=acc2 is not None, UNROLL=bool(TUNING["conv_unroll"]),
+        COMPUTE=_compute_dtype(x.dtype), SYN1=syn1, HAS_ACC2=acc2 is not None,
     )
 
 
@@ -1251,13 +1244,17 @@ def param_grads(
     d_base_scale = torch.empty_like(base_scale)
     d_ww = torch.empty_like(wavelet_weight)
     d_ws = torch.empty_like(wavelet_scale)
-    bc = _block_c(ch, 64)
+    # A program per channel block and group (the base, every level's subbands), each summing its partial rows a
+    # block of rows at a time: the loop waits on memory once per block, not once per row.
+    bc = _block_c(ch, 32)
+    tp = bpart.shape[1]
     _launch(
-        _param_grads_kernel, (_cdiv(ch, bc), levels + 1),
+        _param_grads_kernel, (_cdiv(ch, bc), 1 + 4 * levels),
         (bpart, lpart, weight, bias if bias is not None else base_scale, base_scale, wavelet_weight, wavelet_scale,
-         d_weight, d_bias, d_base_scale, d_ww, d_ws, bpart.shape[0], h, w, bsz, TUNING["wgrad_imgs"]), 4,
-        C=ch, K=k, TP=bpart.shape[1], LEVELS=levels, BW=TUNING["wgrad_bw"], HAS_BIAS=bias is not None,
+         d_weight, d_bias, d_base_scale, d_ww, d_ws, bpart.shape[0], h, w, bsz, TUNING["wgrad_imgs"]), 8,
+        C=ch, K=k, TP=tp, LEVELS=levels, BW=TUNING["wgrad_bw"], HAS_BIAS=bias is not None,
         BLOCK_C=bc, COMPUTE=_compute_dtype(bpart.dtype), ROUND=_tl_dtype(round_to), MMA_K=mma_k,
+        RB=max(2, 512 // tp),
     )
     return d_weight, d_bias, d_base_scale, d_ww, d_ws
 
