@@ -3,7 +3,7 @@
     git show REV:wtconvnext/ops/triton_kernels.py > /tmp/base_kernels.py
     python benchmarks/ab_kernels.py --baseline /tmp/base_kernels.py [--dtypes bf16 fp32] [--out results/ab.json]
     python benchmarks/ab_kernels.py --mma [--split 0] [--syn1 0] [--dtypes bf16]  # FMA vs tensor-core kernels
-    python benchmarks/ab_kernels.py --tuning syn1=1 [--dtypes bf16]  # today's TUNING vs these launch settings
+    python benchmarks/ab_kernels.py --tuning syn1=0 [--dtypes bf16] [--parts wgrad]  # today's TUNING vs these
 
 For each WTConvNeXt-T stage shape and the high-resolution one, it times both versions' forward, input-gradient
 pass (the same with rotated kernels, on dy) and parameter gradients, each with the analyses of x or dy it needs,
@@ -14,7 +14,8 @@ v5 to v7 (``ll_pyramid`` / ``wtconv_forward`` / ``correlations`` / ``param_grads
 (baseline) and on the tensor cores (``wtconvnext/ops/mma_kernels.py``; ``--split 0``: single-rounded weights;
 ``--syn1 0``: level 1 synthesised by its own launch, not by the base convolution).
 ``--tuning KEY=VALUE ...`` compares the current kernels with themselves, under today's ``TUNING`` (baseline) and
-with those entries changed (e.g. ``syn1=1``: the FMA base convolution synthesises level 1 itself).
+with those entries changed (e.g. ``syn1=0``: level 1 synthesised by its own launch, not by the base convolution);
+``--parts`` times only the passes named (``wgrad`` alone compiles no convolution).
 ``--check`` runs one small shape once, to check the script, not to time it (with ``--device cpu`` and
 ``TRITON_INTERPRET=1`` on a machine without a GPU).
 """
@@ -89,6 +90,9 @@ def _parts(mod: ModuleType, x, dy, params, k: int, levels: int):
     return {"fwd": fwd, "dx": dgrad, "wgrad": wgrad}
 
 
+PARTS = ("fwd", "dx", "wgrad", "bwd")
+
+
 def _tuning_overrides(ap: argparse.ArgumentParser, items: list[str]) -> dict[str, int]:
     """``KEY=VALUE`` items as TUNING entries (known keys, integer values), or a usage error naming the bad one."""
     out = {}
@@ -119,6 +123,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=list(DTYPES))
     ap.add_argument("--shapes", nargs="+", type=int, default=None, choices=range(len(SHAPES)),
                     help=f"indices into bench_layer's shapes {SHAPES} (default: all)")
+    ap.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS),
+                    help="which passes to time (default: all; e.g. wgrad alone compiles no convolution)")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--check", action="store_true", help="one small shape, run once: checks the script")
@@ -150,7 +156,7 @@ def main(argv=None) -> int:
                          for p, on in zip(parts, (False, True))]
             elif overrides:
                 parts[1] = {name: with_entries(fn, current.TUNING, overrides) for name, fn in parts[1].items()}
-            for part in [p for p in ("fwd", "dx", "wgrad", "bwd") if all(p in q for q in parts)]:
+            for part in [p for p in args.parts if all(p in q for q in parts)]:
                 results = [p[part]() for p in parts]  # also compiles outside the timing
                 diff = _max_rel(results[1], results[0])
                 if timed:

@@ -67,15 +67,19 @@ def test_ab_kernels_mma_mode(tmp_path: Path) -> None:
 
 
 def test_ab_kernels_tuning_mode(tmp_path: Path) -> None:
-    """--tuning syn1=1: today's launch settings against the base convolution synthesising level 1 itself, the same
-    results to fp32 rounding; an unknown key is a usage error naming the keys."""
+    """--tuning syn1=0: today's launch settings against the separate level-1 synthesis, the same results to fp32
+    rounding; --parts times only the passes named; an unknown key is a usage error naming the keys."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out = tmp_path / "tuning.json"
-    assert ab_kernels.main(["--tuning", "syn1=1", "--dtypes", "fp32", "--device", device, "--check",
+    assert ab_kernels.main(["--tuning", "syn1=0", "--dtypes", "fp32", "--device", device, "--check",
                             "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["part"] for r in rows] == ["fwd", "dx", "wgrad", "bwd"]
     assert all(r["max_rel_diff"] <= 1e-5 for r in rows), rows
+    assert ab_kernels.main(["--tuning", "wgrad_unroll=0", "--parts", "wgrad", "--dtypes", "fp32", "--device", device,
+                            "--check", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["part"] for r in rows] == ["wgrad"] and rows[0]["max_rel_diff"] == 0.0, rows
     with pytest.raises(SystemExit):
         ab_kernels.main(["--tuning", "nonsense=1", "--device", "cpu", "--check"])
 
