@@ -4,9 +4,10 @@ At 14 x 14 and 7 x 7 a pass of :func:`~wtconvnext.ops.triton_kernels.wtconv_forw
 programs each do little: launches and their host time, not multiply-adds, set the layer's time there. Here one
 program owns one image and a block of channels and runs every phase of the pass itself, in order: the analysis of
 every level, every level's depthwise convolutions (each subband, strip by strip), the synthesis coarse to fine, and
-the base convolution that adds acc_1 (or, with TUNING syn1, level 1's inverse Haar step) and the bias. The phases exchange data through the same flat coefficient and
-filtered-subband buffers as the multi-launch path (each program touches only its own image and channels, so no
-two programs share a byte) with a barrier between phases; L1 / L2 serve the re-reads.
+the base convolution that adds acc_1 (with TUNING syn1, the default: level 1's inverse Haar step itself) and the
+bias. The phases exchange data through the same flat coefficient and filtered-subband buffers as the multi-launch
+path (each program touches only its own image and channels, so no two programs share a byte) with a barrier
+between phases; L1 / L2 serve the re-reads.
 
 The input gradient is this pass on dy with rotated kernels, over the dy coefficients that the weight gradients
 (multi-launch: their partial rows want several images per program) have read. A one-launch backward that also

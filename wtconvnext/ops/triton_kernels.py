@@ -9,8 +9,10 @@ Haar coefficient is computed once and every loaded value feeds as many FMAs as i
 - **Level convolutions** (one launch for all levels): plain depthwise K x K convolutions over the ``4C`` subband
   channels of every level, written to a second buffer of the same layout.
 - **Synthesis** (one launch for up to five levels, coarse to fine, patch-local like the analysis): ``acc_i`` = the
-  inverse Haar step of (filtered level i + ``acc_{i+1}`` on its low-pass), stored over the level's coefficients.
-- **Base convolution** (one launch): ``conv(x, base_scale * W) + base_scale * b + acc_1``, strided, written once.
+  inverse Haar step of (filtered level i + ``acc_{i+1}`` on its low-pass), stored over the level's coefficients,
+  for levels 2 and up (TUNING syn1, the default) or 1 and up.
+- **Base convolution** (one launch): ``conv(x, base_scale * W) + base_scale * b + acc_1``, strided, written once;
+  with syn1 it computes acc_1 itself from level 1's filtered subbands and acc_2, so acc_1 is never stored.
 
 The convolutions stream rows: a program owns one image, ``BW`` output columns and a block of channels, and walks
 down every row. A thread owns channels, not positions: the ``BW + K - 1`` input columns of a row are separate
@@ -124,9 +126,9 @@ def _conv_kernel(
 ):
     """Depthwise K x K convolution, 'same' zero padding: of one map (LEVELS = 0), or of every level's subbands in
     one launch (LEVELS = L: the program finds its level). FLIP rotates the kernel by 180 degrees. SYN1 (with
-    HAS_ACC, BW even): the base convolution adds level 1's
-    inverse Haar step itself, from the filtered subbands (and acc_2 on their low-pass), instead of reading a
-    synthesised acc_1: one full-resolution map less written and read, a butterfly per 2 x 2 block more."""
+    HAS_ACC, BW even): the base convolution adds level 1's inverse Haar step itself, from the filtered subbands (and
+    acc_2 on their low-pass), instead of reading a synthesised acc_1: one full-resolution map less written and
+    read, a butterfly per 2 x 2 block more."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
     pid = tl.program_id(0)
