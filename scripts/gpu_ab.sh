@@ -29,16 +29,13 @@ step() {  # step SECONDS LOG command...
   timeout "$limit" "$@" 2>&1 | tee "$out/$log" || rc=1
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
-more="synthesising or unrolled or compile_fullgraph or one_launch or ttir or small_maps"
+more="synthesising or wgrad_rows or compile_fullgraph or one_launch or ttir or small_maps"
 if [[ "$what" == *tests* ]]; then
-  # Three processes side by side: compiling the kernels' specialisations (CPU-bound) is most of the time.
+  # pytest-xdist workers side by side (scripts/gpu_tests.sh): compiling the kernels' specialisations (CPU-bound)
+  # is most of the time.
   sel="mma or golden or dtypes or low_precision or deterministic or fast_launch or $more"
-  for f in tests/test_ops_triton.py tests/gpu/test_gpu.py tests/test_ttir_memo.py; do
-    n=$(basename "$f" .py)
-    timeout 420 "$py" -m pytest -q -rf --tb=short "$f" -k "$sel" > "$out/tests_$n.log" 2>&1 &
-  done
-  wait || true
-  for f in "$out"/tests_*.log; do echo "== $f"; tail -15 "$f"; grep -q " passed" "$f" && ! grep -q "failed\|error" "$f" || rc=1; done
+  LIMIT=420 bash scripts/gpu_tests.sh "$out" 12 -k "$sel" > /dev/null || rc=1
+  tail -15 "$out/gpu_tests.log"
 fi
 if [[ "$what" == *abrows* ]]; then  # today's FMA kernels against an earlier copy ($AB_BASELINE, e.g. of 123b293)
   if [[ -f "${AB_BASELINE:-}" ]]; then
