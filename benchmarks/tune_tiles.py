@@ -2,9 +2,10 @@
 
     python benchmarks/tune_tiles.py [--out results/tune.json] [--best-out tuned.json] [--dtypes bf16 fp32]
 
-Times the forward (analysis, level and base convolutions, synthesis) and the weight-gradient kernels separately
-at each WTConvNeXt-T stage shape for every configuration, prints the best per shape, and writes to ``--best-out`` the configuration with the
-least total time over the shapes (forward and weight-gradient chosen independently; with ``--mem-slack F``, the
+Times the forward (analysis, level and base convolutions, synthesis; the convolutions' and the analysis /
+synthesis kernels' knobs swept separately, at the shapes that take the multi-launch path) and the weight-gradient
+kernels at each WTConvNeXt-T stage shape for every configuration, prints the best per shape, and writes to
+``--best-out`` the configuration with the least total time over the shapes (forward and weight-gradient chosen independently; with ``--mem-slack F``, the
 least peak memory among those within F of the fastest). Use it with
 ``WTCONVNEXT_TUNING=<best-out>`` or copy it into ``TUNING`` in ``wtconvnext/ops/triton_kernels.py``; fixed shapes
 keep the weight gradients bitwise reproducible. Every knob of ``KNOBS`` has its own option, e.g.
@@ -28,8 +29,10 @@ from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 
 
 # The launch-shape knobs of each kernel family (TUNING keys are "<kernel>_<knob>") and the values swept by default.
+# "patch": the analysis and synthesis kernels, timed in the forward with the convolutions at their defaults.
 KNOBS: dict[str, dict[str, list[int]]] = {
     "conv": {"bw": [4, 7, 8], "bc": [32, 64], "warps": [1, 2]},
+    "patch": {"bc": [32, 64], "warps": [4, 8], "chunk": [64, 128]},
     "wgrad": {"bw": [4, 7, 8], "bc": [32, 64], "warps": [1, 2], "imgs": [2, 4]},
 }
 
@@ -63,7 +66,9 @@ def main(argv=None) -> int:
             def wgrad():
                 tk.weight_partials(x, dy, cx, cdy, k, levels)
 
-            for kern, fn in (("conv", fwd), ("wgrad", wgrad)):
+            for kern, fn in (("conv", fwd), ("patch", fwd), ("wgrad", wgrad)):
+                if kern != "wgrad" and tk.small_applies(x, levels, k):
+                    continue  # a small map's pass is one launch of its own, with its own small_* knobs
                 names = list(KNOBS[kern])
                 for cfg in itertools.product(*(getattr(args, f"{kern}_{n}") for n in names)):
                     tk.TUNING.update({f"{kern}_{n}": v for n, v in zip(names, cfg)})
