@@ -5,8 +5,8 @@
 Times the forward (analysis, level and base convolutions, synthesis; the convolutions' and the analysis /
 synthesis kernels' knobs swept separately, at the shapes that take the multi-launch path) and the weight-gradient
 kernels at each WTConvNeXt-T stage shape for every configuration, prints the best per shape, and writes to
-``--best-out`` the configuration with the least total time over the shapes (forward and weight-gradient chosen independently; with ``--mem-slack F``, the
-least peak memory among those within F of the fastest). Use it with
+``--best-out`` the configuration with the least total time over the shapes (each family of knobs chosen
+independently; with ``--mem-slack F``, the least peak memory among those within F of the fastest). Use it with
 ``WTCONVNEXT_TUNING=<best-out>`` or copy it into ``TUNING`` in ``wtconvnext/ops/triton_kernels.py``; fixed shapes
 keep the weight gradients bitwise reproducible. Every knob of ``KNOBS`` has its own option, e.g.
 ``--conv-bw 4 7 --wgrad-imgs 2 4 8``.

@@ -1076,7 +1076,7 @@ def wtconv_forward(
     if _mma.mma_applies(x.dtype, k):
         syn1 = bool(_mma.MMA_TUNING["syn1"])
     else:
-        syn1 = bool(TUNING["syn1"]) and TUNING["conv_bw"] % 2 == 0
+        syn1 = _syn1(TUNING["conv_bw"])
     if small_applies(x, levels, k):
         _small_pass(x, out, base_w, base_b, level_w, stride, flip, coef)
         return out
@@ -1111,6 +1111,12 @@ def wtconv_forward(
     return out
 
 
+def _syn1(bw: int) -> bool:
+    """Whether an FMA base convolution with strips of ``bw`` columns synthesises level 1 itself: TUNING syn1, and
+    strips of whole 2 x 2 blocks."""
+    return bool(TUNING["syn1"]) and bw % 2 == 0
+
+
 def small_applies(x: Tensor, levels: int, k: int) -> bool:
     """Whether a pass over ``x`` runs as one launch (``small_kernels``): levels, a map of at most
     ``TUNING["small_max"]`` rows and columns, and the FMA kernels."""
@@ -1137,7 +1143,7 @@ def _small_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor]
         TUNING["small_warps"], C=ch, K=k, LEVELS=levels, HM=_pow2(h), WM=_pow2(w), BW=TUNING["small_bw"], BC=bc,
         CHUNK=TUNING["small_chunk"], STRIDE=stride, HAS_BIAS=base_b is not None, FLIP=flip,
         HAS_COEF=given, COMPUTE=_compute_dtype(x.dtype),
-        SYN1=int(bool(TUNING["syn1"]) and TUNING["small_bw"] % 2 == 0),
+        SYN1=int(_syn1(TUNING["small_bw"])),
     )
 
 
