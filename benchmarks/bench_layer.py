@@ -106,7 +106,11 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, and skip the slow reference path")
     ap.add_argument("--shapes", nargs="+", type=int, default=None, choices=range(len(SHAPES)), metavar="I",
                     help=f"indices into {SHAPES} (default: all)")
+    ap.add_argument("--impls", nargs="+", default=None, metavar="NAME",
+                    help="time only these rows (e.g. wtconv_triton_cl dw7_cl; default: all)")
     args = ap.parse_args(argv)
+    if args.impls and not any(name.startswith("dw7") for name in args.impls):
+        ap.error("--impls needs a dw7 row (dw7_cl or dw7_nchw): the ratios are to depthwise 7x7")
     if not torch.cuda.is_available():
         print("bench_layer.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -118,7 +122,7 @@ def main(argv=None) -> int:
         for b, c, h, w, levels in [SHAPES[i] for i in args.shapes] if args.shapes else SHAPES:
             cases = _cases(b, c, h, w, levels, dtype)
             for name, (fwd, fwdbwd, _) in cases.items():
-                if args.quick and name == "wtconv_reference":
+                if (args.quick and name == "wtconv_reference") or (args.impls and name not in args.impls):
                     continue
                 fwdbwd()  # compile / autotune outside the timing
                 row = dict(dtype=dname, B=b, C=c, H=h, W=w, levels=levels, impl=name,
