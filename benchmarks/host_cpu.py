@@ -53,10 +53,7 @@ STAGES = [(96, 56, 56, 5), (192, 28, 28, 4), (384, 14, 14, 3), (768, 7, 7, 2)]  
 class _NoOpCompiled:
     """Stands in for Triton's compiled kernel: the attributes ``_launch`` checks, and a launcher that does nothing."""
 
-    function = packed_metadata = None
-
-    def run(self, *args: Any) -> None:
-        """The launcher ``_launch`` calls directly."""
+    run = function = packed_metadata = None
 
     def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
         return lambda *args: None
@@ -89,12 +86,11 @@ def no_kernels(mode: str) -> Iterator[None]:
                         setattr(mod, name, _StandInKernel(value))
             tk._FAST_LAUNCH = True
             tk._device_index = lambda: 0  # no CUDA device here: Triton's driver would ask for one
-            tk._current_stream = lambda device: 0
             tk._COMPILED.clear()
             tk._CONST_NAMES.clear()  # keyed by id(): a stand-in's id may be a freed one's
         yield
     finally:
-        for name in ("_launch", "_FAST_LAUNCH", "_device_index", "_current_stream"):
+        for name in ("_launch", "_FAST_LAUNCH", "_device_index"):
             setattr(tk, name, saved[name])
         for mod, kernels in saved_mods.items():
             for name in [n for n in kernels if n.endswith("_kernel")]:

@@ -476,22 +476,15 @@ def test_tuning_file(tmp_path, monkeypatch):
 
 
 class _FakeCompiled:
-    """Stands in for what Triton's JIT launch returns: a compiled kernel with its own launcher (``run``, called
-    directly with the stream, handle, metadata and hooks first) and ``[grid]`` (Triton's own path, for hooks)."""
+    """Stands in for what Triton's JIT launch returns: a compiled kernel with its own launcher."""
 
-    function = "handle"
-    packed_metadata = "metadata"
+    run = function = packed_metadata = None
 
     def __init__(self, log: list):
         self.log = log
 
-    def run(self, gx, gy, gz, stream, function, metadata, launch_metadata, enter_hook, exit_hook, *args):
-        assert (stream, function, metadata, launch_metadata, enter_hook, exit_hook) == (
-            7, "handle", "metadata", None, None, None)
-        self.log.append(("compiled", (gx, gy, gz), args))
-
     def __getitem__(self, grid):
-        return lambda *args: self.log.append(("hooked", grid, args))
+        return lambda *args: self.log.append(("compiled", grid, args))
 
 
 class _FakeJit:
@@ -518,7 +511,6 @@ def test_fast_launch_keys_on_triton_specialization(monkeypatch):
     monkeypatch.setattr(tk, "_FAST_LAUNCH", True)
     monkeypatch.setattr(tk, "_COMPILED", {})
     monkeypatch.setattr(tk, "_device_index", lambda: 0)
-    monkeypatch.setattr(tk, "_current_stream", lambda device: 7)
     fn = _FakeJit()
     buf = torch.zeros(64)
 
@@ -538,12 +530,6 @@ def test_fast_launch_keys_on_triton_specialization(monkeypatch):
     assert launch(buf, 32, warps=8)[0] == "jit" and launch(buf, 32, block=64)[0] == "jit"
     with pytest.raises(TypeError, match="constexprs"):
         tk._launch(fn, (1, 1), (buf, 32), 4, C=96)
-    if tk._RUNTIME_KNOBS is not None:  # a launch hook set (a profiler's): the kept kernel's own [grid] path
-        monkeypatch.setattr(tk._RUNTIME_KNOBS.launch_enter_hook, "calls", [lambda metadata: None])
-        kind, call = launch(buf, 32)
-        assert kind == "hooked" and call[1] == (3, 2, 1) and call[2] == (buf, 32, 96, 32)
-        monkeypatch.setattr(tk._RUNTIME_KNOBS.launch_enter_hook, "calls", [])
-        assert launch(buf, 32)[0] == "compiled"
     monkeypatch.setattr(tk, "_MAX_KEPT", len(tk._COMPILED))  # a full cache launches through Triton
     assert launch(buf, 64)[0] == "jit" and launch(buf, 64)[0] == "jit"
 

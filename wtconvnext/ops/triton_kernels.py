@@ -866,26 +866,6 @@ def _device_index() -> int:
     return _device_index()
 
 
-def _runtime_knobs():
-    """Triton's runtime knobs (the launch hooks), or a stand-in with empty hook chains for a Triton without them."""
-    knobs = getattr(getattr(triton, "knobs", None), "runtime", None)
-    if knobs is not None and all(hasattr(getattr(knobs, h, None), "calls")
-                                 for h in ("launch_enter_hook", "launch_exit_hook")):
-        return knobs
-    return None
-
-
-_RUNTIME_KNOBS = _runtime_knobs()
-if _RUNTIME_KNOBS is None:  # hooks of another shape: the kept kernels launch through CompiledKernel[grid] only
-    _FAST_LAUNCH = False
-
-
-# The raw handle of a device's current stream: what Triton's launch asks torch for.
-_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-if _current_stream is None:
-    _FAST_LAUNCH = False
-
-
 class _Traced(threading.local):
     on = False  # a class default: every thread starts untraced without a getattr default per launch
 
@@ -935,22 +915,15 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
     # A pointer's low four bits: zero for 16-byte aligned (what Triton specialises on), else kept (a finer key).
     key = (fid, _device_index(), warps, cvals,
            *[(a.dtype, a.data_ptr() & 15) if isinstance(a, Tensor) else a for a in args])
-    kept = _COMPILED.get(key)
-    if kept is None:
+    kernel = _COMPILED.get(key)
+    if kernel is None:
         kernel = fn[grid](*args, **consts, num_warps=warps)
         if not all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata", "__getitem__")):
             _FAST_LAUNCH = False  # a Triton whose launch returns something else: stay on its path
         elif len(_COMPILED) < _MAX_KEPT:
-            _COMPILED[key] = (kernel, kernel.run, kernel.function, kernel.packed_metadata)
+            _COMPILED[key] = kernel
         return
-    kernel, run, function, metadata = kept
-    g2 = grid[2] if len(grid) > 2 else 1
-    if _RUNTIME_KNOBS.launch_enter_hook.calls or _RUNTIME_KNOBS.launch_exit_hook.calls:
-        kernel[(grid[0], grid[1], g2)](*args, *cvals)  # a profiler's hooks want their launch metadata
-        return
-    # What CompiledKernel[grid](...) ends in, without its closure, its device / stream lookups and the launch
-    # metadata it builds for hooks that are not there (triton 3.6 and 3.8 take the same arguments here).
-    run(grid[0], grid[1], g2, _current_stream(key[1]), function, metadata, None, None, None, *args, *cvals)
+    kernel[(grid[0], grid[1], grid[2] if len(grid) > 2 else 1)](*args, *cvals)
 
 
 @functools.cache  # called on every launch; a handful of (C, cap) pairs per model
