@@ -121,6 +121,9 @@ def main(argv=None) -> int:
         dtype = DTYPES[dname]
         for b, c, h, w, levels in [SHAPES[i] for i in args.shapes] if args.shapes else SHAPES:
             cases = _cases(b, c, h, w, levels, dtype)
+            unknown = [n for n in args.impls or () if n not in cases]
+            if unknown:  # a misspelt row would otherwise be left out without a word
+                ap.error(f"--impls: no row {unknown} in {dname}; the rows are {sorted(cases)}")
             for name, (fwd, fwdbwd, _) in cases.items():
                 if (args.quick and name == "wtconv_reference") or (args.impls and name not in args.impls):
                     continue
