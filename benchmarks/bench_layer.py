@@ -21,7 +21,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import gpu_env, mma_switched, report, wtconv_inputs  # noqa: E402
+from benchmarks.common import gpu_env, mma_switched, report, with_entries, wtconv_inputs  # noqa: E402
+from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
 SHAPES = [  # B, C, H, W, levels
@@ -49,7 +50,7 @@ def _peak_mb(fn) -> float:
     return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
-def _cases(b, c, h, w, levels, dtype, k=5):
+def _cases(b, c, h, w, levels, dtype, k=5, variants=()):
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(0)
 
@@ -85,6 +86,11 @@ def _cases(b, c, h, w, levels, dtype, k=5):
         cases["wtconv_triton_cl_fma"] = _with_mma(wt("triton", cl), False)
         cases["wtconv_triton_cl_mma"] = _with_mma(wt("triton", cl), True)
         cases["wtconv_triton_cl_mma1"] = _with_mma(wt("triton", cl), True, split=0)
+    for v in variants:  # the channels-last layer with TUNING overrides (an A/B of a knob, same run)
+        fwd, fwdbwd, xi = wt("triton", cl)
+        entries = dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in v.split(","))
+        cases[f"wtconv_triton_cl+{v}"] = (with_entries(fwd, tk.TUNING, entries),
+                                          with_entries(fwdbwd, tk.TUNING, entries), xi)
     cases["wtconv_reference"] = wt("reference", torch.contiguous_format)
     cases["dw7_nchw"] = dw(dw7, torch.contiguous_format)
     cases["dw7_cl"] = dw(dw7, cl)
@@ -108,7 +114,16 @@ def main(argv=None) -> int:
                     help=f"indices into {SHAPES} (default: all)")
     ap.add_argument("--impls", nargs="+", default=None, metavar="NAME",
                     help="time only these rows (e.g. wtconv_triton_cl dw7_cl; default: all)")
+    ap.add_argument("--variants", nargs="+", default=[], metavar="KEY=V[,KEY=V]",
+                    help="extra channels-last rows with these TUNING entries, e.g. chunk_kb=0 (row wtconv_triton_cl+...)")
     args = ap.parse_args(argv)
+    for v in args.variants:
+        try:
+            bad = [kv for kv in v.split(",") if kv.split("=")[0] not in tk.TUNING or int(kv.split("=")[1]) < 0]
+        except (IndexError, ValueError):
+            bad = [v]
+        if bad:
+            ap.error(f"--variants: {bad} is not KEY=V with a TUNING key ({sorted(tk.TUNING)}) and an integer >= 0")
     if args.impls and not any(name.startswith("dw7") for name in args.impls):
         ap.error("--impls needs a dw7 row (dw7_cl or dw7_nchw): the ratios are to depthwise 7x7")
     if not torch.cuda.is_available():
@@ -120,7 +135,7 @@ def main(argv=None) -> int:
     for dname in args.dtypes:
         dtype = DTYPES[dname]
         for b, c, h, w, levels in [SHAPES[i] for i in args.shapes] if args.shapes else SHAPES:
-            cases = _cases(b, c, h, w, levels, dtype)
+            cases = _cases(b, c, h, w, levels, dtype, variants=args.variants)
             unknown = [n for n in args.impls or () if n not in cases]
             if unknown:  # a misspelt row would otherwise be left out without a word
                 ap.error(f"--impls: no row {unknown} in {dname}; the rows are {sorted(cases)}")

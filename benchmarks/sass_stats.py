@@ -64,7 +64,7 @@ def _case(name: str, ch: int, dtype: str):
                      HAS_ACC=not levels, HAS_BIAS=name.startswith("conv_base"), FLIP=name.startswith("dx"), COMPUTE=fp,
                      SYN1=syn1, HAS_ACC2=syn1)
         return tk._conv_kernel, sig, const, tun["conv_warps"]
-    sig = dict(x_ptr=x, g_ptr=x, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32)
+    sig = dict(x_ptr=x, g_ptr=x, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     const = dict(CC=cc, K=5, TP=32, LEVELS=levels, BW=tun["wgrad_bw"], BC=tk._block_c(cc, tun["wgrad_bc"]),
                  DSUM=not levels, COMPUTE=fp, UNROLL=name.endswith("unroll"))
     return tk._wgrad_kernel, sig, const, tun["wgrad_warps"]

@@ -39,7 +39,7 @@ def _cases():
     for acc2, stride in ((True, 1), (False, 2)):  # the base convolution synthesising level 1 itself
         yield tk._conv_kernel, conv, dict(CC=96, K=5, LEVELS=0, BW=4, BC=32, STRIDE=stride, HAS_ACC=True,
                                           HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=True, HAS_ACC2=acc2)
-    wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32)
+    wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     for unroll in (False, True):
         yield tk._wgrad_kernel, wg, dict(CC=96, K=5, TP=32, LEVELS=0, BW=7, BC=32, DSUM=True, COMPUTE=fp,
                                          UNROLL=unroll)
@@ -57,8 +57,8 @@ def _cases():
             dict(acc2_off=1, H=1, W=1, B=1, CC=96, K=5, LEVELS=levels, BW=4, BC=32, STRIDE=1, HAS_ACC=True,
                  HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=levels == 0, HAS_ACC2=levels == 0)
         yield tk._wgrad_kernel, dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32), \
-            dict(H=1, W=1, B=1, IMGS=1, CC=96, K=5, TP=32, LEVELS=levels, BW=7, BC=32, DSUM=True, COMPUTE=fp,
-                 UNROLL=levels == 0)
+            dict(H=1, W=1, B=1, IMGS=1, G0=1, GT=1, CC=96, K=5, TP=32, LEVELS=levels, BW=7, BC=32, DSUM=True,
+                 COMPUTE=fp, UNROLL=levels == 0)
     params = dict(w_ptr=f32, b_ptr=f32, bs_ptr=f32, ww_ptr=f32, ws_ptr=f32)
     grads = dict(dw_ptr=f32, db_ptr=f32, dbs_ptr=f32, dww_ptr=f32, dws_ptr=f32)
     ints = dict(R0=i32, H=i32, W=i32, B=i32, IMGS=i32)
@@ -163,7 +163,7 @@ def _loop_carries() -> int:
     bf16, f32, i32 = "*bf16", "*fp32", "i32"
     conv = dict(x_ptr=bf16, acc_ptr=bf16, acc2_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32,
                 W=i32, B=i32)
-    wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32)
+    wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     failed = 0
     for k, bw, unroll in ((5, 4, False), (5, 4, True), (3, 6, True)):
         ni = bw + k - 1

@@ -418,10 +418,10 @@ def test_small_maps_one_launch_per_pass(shape, monkeypatch):
     monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 16})
     names = _spy_launches(monkeypatch)
     _float64_matches_reference(shape)
-    assert names[:2] == ["_fold_kernel", "_small_kernel"] and names[-1] == "_small_kernel", names
-    weight_grads = names[2:-1]  # x's and dy's coefficients (a launch per five levels), the walks, the chain rule
-    assert set(weight_grads) == {"_analysis_kernel", "_wgrad_kernel", "_param_grads_kernel"}, names
-    assert weight_grads.count("_wgrad_kernel") == 2 and weight_grads[-1] == "_param_grads_kernel", names
+    assert names[:2] == ["_fold_kernel", "_small_kernel"] and names[-2:] == ["_small_kernel", "_param_grads_kernel"]
+    weight_grads = names[2:-2]  # x's and dy's coefficients (a launch per five levels), the walks
+    assert set(weight_grads) == {"_analysis_kernel", "_wgrad_kernel"}, names
+    assert weight_grads.count("_wgrad_kernel") == 2, names
 
 
 @pytest.mark.parametrize("tuning", [dict(), dict(syn1=0),
@@ -441,6 +441,33 @@ def test_small_maps_bitwise_as_multi_launch(tuning, monkeypatch):
         outs.append(_run(x, params, 1, "triton")[0])
     for name, a, b in zip(NAMES, *outs):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("dtype, imgs, stride", [(torch.float64, 2, 1), (torch.bfloat16, 1, 2)],
+                         ids=["f64-groups-of-2", "bf16-s2"])
+def test_batch_chunks_bitwise_as_one_chunk(dtype, imgs, stride, monkeypatch):
+    """TUNING chunk_kb: a large map's forward and backward run chunk by chunk of images (batch_chunks), the
+    weight-gradient partials written where one launch over the whole batch writes them, so the output and every
+    gradient are bitwise those of one chunk; the chunks start at multiples of wgrad_imgs and cover the batch."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    c, k, levels = 4, 3, 2
+    params = _params(c, k, levels, True, torch.float64)
+    params = [p.to(dtype) for p in params]
+    x = torch.randn(5, c, 9, 8, device=DEVICE).to(dtype).contiguous(memory_format=torch.channels_last)
+    outs = []
+    for kb in (0, 1):
+        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, "wgrad_imgs": imgs, "chunk_kb": kb})
+        chunks = tk.batch_chunks(x, levels, k)
+        assert len(chunks) == (1 if kb == 0 else -(-5 // imgs)), chunks
+        assert chunks[0][0] == 0 and chunks[-1][1] == 5 and all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+        assert all(b0 % imgs == 0 for b0, _ in chunks), chunks
+        outs.append(_run(x, params, stride, "triton")[0])
+    for name, a, b in zip(NAMES, *outs):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="do not start a group"):
+        tk.weight_partials(x[1:], x[1:], None, None, k, 0, None, 1, 5) if imgs > 1 else tk.weight_partials(
+            x, x, None, None, k, 0, None, 1, 5)
 
 
 @pytest.mark.parametrize("shape", [SHAPES[2], SHAPES[5], SHAPES[9]], ids=["K7", "s2", "K11"])

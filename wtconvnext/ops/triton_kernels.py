@@ -48,7 +48,7 @@ import triton.language as tl
 from torch import Tensor
 
 __all__ = ["folded_weights", "coefficients", "wtconv_forward", "weight_partials", "param_grads", "level_sizes",
-           "TUNING"]
+           "batch_chunks", "TUNING"]
 
 # Levels one analysis / synthesis launch covers: a program's patch is 2^5 x 2^5 pixels of the map it starts from.
 PATCH_LEVELS = 5
@@ -341,29 +341,35 @@ def _haar_pair_at(tp, a2p, o, m, CC: tl.constexpr, HAS_ACC2: tl.constexpr, COMPU
 def _wgrad_kernel(
     x_ptr,  # (B, H, W, CC) dense x; LEVELS > 0: the flat coefficient buffer of x
     g_ptr,  # the same for dy
-    part_ptr,  # (programs, TP, CC) fp32: one row of partial sums per program (taps, then dy's sum in lane K*K)
+    part_ptr,  # (rows, TP, CC) fp32: one row of partial sums per program (taps, then dy's sum in lane K*K)
     H, W, B, IMGS,
+    G0, GT,  # the image groups of this launch start at group G0 of a batch of GT groups (the partial rows' layout)
     CC: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
     BC: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """d w[ky, kx] = sum over positions of dy(o, n) * x(o + ky - PAD, n + kx - PAD): a program walks the x rows
     of IMGS images for BW columns, keeping the K dy rows an x row pairs with; of one map (LEVELS = 0), or of every
-    level's subbands in one launch. DSUM: also the sum of dy (the bias gradient)."""
+    level's subbands in one launch. DSUM: also the sum of dy (the bias gradient). The B images of a launch may be a
+    chunk of a larger batch: each program writes the row it has in the whole batch's launch (level-major, then
+    group, then strip), so the partials and their fixed-order sum do not depend on the chunking."""
     pid = tl.program_id(0)
     if LEVELS > 0:
         lv, h, w, st, off = _level_of(pid, H, W, B, IMGS, BW, LEVELS, CC, 0)
         local = pid - st
+        first, _ = _level_rows(lv, H, W, GT * IMGS, IMGS, BW, LEVELS, 0)
         xb0 = x_ptr + off
         gb0 = g_ptr + off
     else:
         h = H
         w = W
         local = pid
+        first = pid * 0
         xb0 = x_ptr
         gb0 = g_ptr
     strips = (w + BW - 1) // BW
+    row = first + G0 * strips + local
     cc = tl.program_id(1) * BC + tl.arange(0, BC)
-    _wgrad_strip(xb0, gb0, part_ptr + pid.to(tl.int64) * TP * CC + cc, h, w, (local % strips) * BW,
+    _wgrad_strip(xb0, gb0, part_ptr + row.to(tl.int64) * TP * CC + cc, h, w, (local % strips) * BW,
                  local // strips, B, IMGS, cc, cc < CC, CC, K, BW, DSUM, COMPUTE, UNROLL)
 
 
@@ -802,9 +808,13 @@ TUNING: dict[str, int] = {
     # warps beat 32 and one (1.06x / 1.64x), strips of 7 columns lost (0.84x at 14 x 14); at 28 x 28 (small_max 32)
     # it ran at 0.55x: a program per image leaves too few warps there.
     "small_max": 16, "small_bw": 4, "small_bc": 64, "small_warps": 2, "small_chunk": 16,
+    # A pass over a larger map runs in chunks of images whose two coefficient buffers (x's and dy's) take at most
+    # chunk_kb KiB (batch_chunks): the layer's workspace is then bounded, not 8/3 x its input, and fits the L2
+    # cache. 0: one chunk.
+    "chunk_kb": 32768,
 }
 _FLAG_KEYS = ("syn1", "wgrad_unroll")  # 0 or 1, not sizes
-_ZERO_KEYS = ("small_max",)  # 0 turns the path off
+_ZERO_KEYS = ("small_max", "chunk_kb")  # 0 turns the path off
 _POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk")
 
 def _tuning_from_env() -> None:
@@ -1178,36 +1188,67 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
 
 
 def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Optional[Tensor], k: int,
-                    levels: int) -> tuple[Tensor, Tensor, int]:
+                    levels: int, parts: Optional[tuple[Tensor, Tensor, int]] = None, first: int = 0,
+                    batch: Optional[int] = None) -> tuple[Tensor, Tensor, int]:
     """Per-program partial correlations of the weight gradients (w.r.t. the folded weights), for
     :func:`param_grads`: the base's of x and dy (with dy's sum in lane K*K), and every level's of the two
-    coefficient buffers, in one launch each; and which kernels made them (K for the tensor-core ones, else 0)."""
+    coefficient buffers, in one launch each; and which kernels made them (K for the tensor-core ones, else 0).
+
+    x and dy may be images ``first`` .. of a batch of ``batch`` (one of :func:`batch_chunks`' ranges): their rows
+    are then written into ``parts`` (this function's result for an earlier chunk of the batch; allocated for the
+    whole batch when None) where the whole batch's launch would write them, so the sums are bitwise the same."""
     _check_cl(x, dy)
     bsz, ch, h, w = x.shape
     if _mma.mma_applies(x.dtype, k):
+        if first or (batch is not None and batch != bsz):
+            raise ValueError("the tensor-core weight gradients take a whole batch, not a chunk of one")
         return _mma_weight_partials(x, dy, coef_x, coef_dy, k, levels)
     bw, warps, imgs = TUNING["wgrad_bw"], TUNING["wgrad_warps"], TUNING["wgrad_imgs"]
+    batch = bsz if batch is None else batch
+    if first % imgs or first + bsz > batch:
+        raise ValueError(f"images {first}..{first + bsz - 1} of {batch} do not start a group of {imgs}")
     tp = _pow2(k * k + 1)
-    groups = _cdiv(bsz, imgs)
+    groups = _cdiv(batch, imgs)
     acc = _acc_dtype(x.dtype)
     compute = _compute_dtype(x.dtype)
     bc = _block_c(ch, TUNING["wgrad_bc"])
     unroll = bool(TUNING["wgrad_unroll"])
-    base = torch.empty((groups * _cdiv(w, bw), tp, ch), device=x.device, dtype=acc)
+    if parts is None:
+        base = torch.empty((groups * _cdiv(w, bw), tp, ch), device=x.device, dtype=acc)
+        lev = torch.empty((_level_programs(h, w, levels, bw, groups), tp, 4 * ch), device=x.device,
+                          dtype=acc) if levels else base
+    else:
+        base, lev = parts[0], parts[1]
+    spans = (first // imgs, groups)
     _launch(
-        _wgrad_kernel, (base.shape[0], _cdiv(ch, bc)), (x, dy, base, h, w, bsz, imgs), warps,
-        CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll,
+        _wgrad_kernel, (_cdiv(bsz, imgs) * _cdiv(w, bw), _cdiv(ch, bc)), (x, dy, base, h, w, bsz, imgs, *spans),
+        warps, CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll,
     )
     if not levels:
         return base, base, 0
-    rows = _level_programs(h, w, levels, bw, groups)
-    lev = torch.empty((rows, tp, 4 * ch), device=x.device, dtype=acc)
     bc = _block_c(4 * ch, TUNING["wgrad_bc"])
     _launch(
-        _wgrad_kernel, (rows, _cdiv(4 * ch, bc)), (coef_x, coef_dy, lev, h, w, bsz, imgs), warps,
+        _wgrad_kernel, (_level_programs(h, w, levels, bw, _cdiv(bsz, imgs)), _cdiv(4 * ch, bc)),
+        (coef_x, coef_dy, lev, h, w, bsz, imgs, *spans), warps,
         CC=4 * ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC=bc, DSUM=False, COMPUTE=compute, UNROLL=unroll,
     )
     return base, lev, 0
+
+
+def batch_chunks(x: Tensor, levels: int, k: int) -> tuple[tuple[int, int], ...]:
+    """The image ranges ``[b0, b1)`` a pass over ``x`` (and its backward) runs in, one after another: so that a
+    chunk's coefficient buffers (x's and dy's, 8/3 x the chunk's size together) stay within ``TUNING["chunk_kb"]``
+    KiB, on the multi-launch FMA path. Chunks start at multiples of ``wgrad_imgs`` (the weight-gradient partials'
+    image groups), so results are bitwise those of one range; small maps and the tensor-core kernels take one."""
+    bsz = x.shape[0]
+    limit = TUNING["chunk_kb"] << 10
+    if (not limit or not levels or bsz <= 1 or small_applies(x, levels, k) or _mma.mma_applies(x.dtype, k)
+            or _TRACED.on):
+        return ((0, bsz),)
+    pair = 2 * _offsets(bsz, x.shape[1], x.shape[2], x.shape[3], levels)[-1] * x.element_size()
+    imgs = TUNING["wgrad_imgs"]
+    per = _cdiv(_cdiv(bsz, _cdiv(pair, limit)), imgs) * imgs
+    return tuple((b0, min(b0 + per, bsz)) for b0 in range(0, bsz, per))
 
 
 def _mma_weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Optional[Tensor], k: int,

@@ -61,7 +61,8 @@ def _in_format_of(t: Tensor, x: Tensor) -> Tensor:
 
 
 if TRITON_AVAILABLE:
-    from .triton_kernels import coefficient_pair, folded_weights, param_grads, weight_partials, wtconv_forward
+    from .triton_kernels import (batch_chunks, coefficient_pair, folded_weights, param_grads, weight_partials,
+                                 wtconv_forward)
 
     def _forward_impl(
         x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
@@ -72,7 +73,10 @@ if TRITON_AVAILABLE:
         # The kernels work on channels-last data (wide channel vectors); NCHW input costs one copy each way.
         out = torch.empty(_output_shape(x, stride), device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
         base_w, base_b, level_w = folded_weights(weight, bias, base_scale, wavelet_weight, wavelet_scale, round_to)
-        wtconv_forward(_channels_last(x), out, base_w, base_b, level_w, stride)
+        xc = _channels_last(x)
+        # A large map's pass runs in chunks of images, so that its coefficient buffers stay small (batch_chunks).
+        for b0, b1 in batch_chunks(xc, wavelet_weight.shape[0], weight.shape[-1]):
+            wtconv_forward(xc[b0:b1], out[b0:b1], base_w, base_b, level_w, stride)
         return _in_format_of(out, x), base_w, level_w
 
     def _backward_impl(
@@ -90,17 +94,21 @@ if TRITON_AVAILABLE:
             dy = dy_full
         dy = _channels_last(dy)
         xc = _channels_last(x)
-        # dy's coefficients serve both gradients: the weight gradients first, since the input-gradient pass
-        # overwrites them; x's coefficients are recomputed here rather than kept from the forward.
-        coef_dy, coef_x = coefficient_pair(dy, xc, levels) if levels else (None, None)
-        parts = weight_partials(xc, dy, coef_x, coef_dy, k, levels)
-        del coef_x
-        grads = param_grads(parts, tuple(x.shape), weight, bias, base_scale, wavelet_weight, wavelet_scale, round_to)
-        del parts
-        # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
         dx = torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
+        parts = None
+        # Chunk by chunk of images (one chunk but for large maps, batch_chunks), into one set of partials: dy's
+        # coefficients serve both gradients, the weight gradients first, since the input-gradient pass overwrites
+        # them; x's coefficients are recomputed here rather than kept from the forward.
+        for b0, b1 in batch_chunks(xc, levels, k):
+            xs, dys = xc[b0:b1], dy[b0:b1]
+            coef_dy, coef_x = coefficient_pair(dys, xs, levels) if levels else (None, None)
+            parts = weight_partials(xs, dys, coef_x, coef_dy, k, levels, parts, b0, bsz)
+            del coef_x
+            # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
+            wtconv_forward(dys, dx[b0:b1], base_w, None, level_w, 1, flip=True, coef=coef_dy)
+            del coef_dy
         del xc
-        wtconv_forward(dy, dx, base_w, None, level_w, 1, flip=True, coef=coef_dy)
+        grads = param_grads(parts, tuple(x.shape), weight, bias, base_scale, wavelet_weight, wavelet_scale, round_to)
         return (_in_format_of(dx, x), *grads)
 
     def _refolded_backward(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
