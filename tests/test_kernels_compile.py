@@ -45,6 +45,9 @@ def _cases():
                                          UNROLL=unroll)
         yield tk._wgrad_kernel, wg, dict(CC=384, K=5, TP=32, LEVELS=4, BW=7, BC=64, DSUM=False, COMPUTE=fp,
                                          UNROLL=unroll)
+    pair = dict(x_ptr=bf16, g_ptr=bf16, bpart_ptr=f32, cx_ptr=bf16, cg_ptr=bf16, lpart_ptr=f32, H=i32, W=i32, B=i32,
+                IMGS=i32, G0=i32, GT=i32, R0=i32)
+    yield tk._wgrad_pair_kernel, pair, dict(C=96, K=5, TP=32, LEVELS=5, BW=7, BC0=32, BC=64, COMPUTE=fp, UNROLL=True)
     # Triton specialises an int argument equal to 1 as a constant: every kernel must compile with them all 1.
     one = dict(H0=1, W0=1, B=1, PATCHES_W=1, PATCHES=1)
     yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16, src2_ptr=bf16, coef2_ptr=bf16, src_off=i32,

@@ -330,12 +330,13 @@ def test_coefficients_are_the_haar_subbands(dtype):
     # Odd strips: syn1 does not apply, the synthesis launch does level 1.
     dict(conv_bw=11, wgrad_bw=9, syn1=1, wgrad_unroll=0),
     dict(syn1=0),  # the synthesis launch does level 1 at the default strips
+    dict(wgrad_pair=0, wgrad_imgs=3),  # the base's and the levels' weight gradients in two launches
     # The one-launch pass of small maps: one-column strips, two-channel blocks, one-position steps; and wide ones.
     dict(small_max=16, small_bw=1, small_bc=2, small_warps=1, small_chunk=1),
     dict(small_max=16, small_bw=11, small_bc=16, small_warps=4, small_chunk=256),
     dict(small_max=16, small_bw=2, syn1=1),  # level 1 synthesised by the base convolution
     dict(small_max=16, syn1=0),  # the small pass's synthesis does level 1
-], ids=["tiny-tiles", "large-tiles", "syn1-narrow", "syn1-odd-strips", "no-syn1", "small-tiny",
+], ids=["tiny-tiles", "large-tiles", "syn1-narrow", "syn1-odd-strips", "no-syn1", "wgrad-two-launches", "small-tiny",
      "small-large", "small-syn1-narrow", "small-no-syn1"])
 def test_launch_shapes_do_not_change_results(tuning, monkeypatch):
     """Column strips, channel blocks, image groups and patch chunks that split maps, images and channels
@@ -387,10 +388,10 @@ def test_base_convolution_synthesising_level1(shape, syn1, monkeypatch):
 @pytest.mark.parametrize("small", [False, True], ids=["multi-launch", "small-map"])
 def test_backward_analyses_x_and_dy_in_one_launch(small, monkeypatch):
     """A layer launches its kernels in the count the README gives: forward fold, analysis, level convolution,
-    synthesis, base convolution; backward one analysis of x and dy together, two weight-gradient walks, the
-    chain-rule kernel, and the input gradient's level convolution, synthesis and base convolution. A small map
-    (TUNING small_max) runs the forward's analysis-to-base-convolution in one launch, and so the input gradient's
-    too: 2 forward, 5 backward."""
+    synthesis, base convolution; backward one analysis of x and dy together, the weight-gradient walks of the base
+    and the levels in one launch, the chain-rule kernel, and the input gradient's level convolution, synthesis and
+    base convolution. A small map (TUNING small_max) runs the forward's analysis-to-base-convolution in one launch,
+    and so the input gradient's too: 2 forward, 4 backward."""
     from wtconvnext.ops import triton_kernels as tk
     from wtconvnext.ops import wtconv2d
 
@@ -403,8 +404,7 @@ def test_backward_analyses_x_and_dy_in_one_launch(small, monkeypatch):
     assert names == ["_fold_kernel"] + (passes if small else ["_analysis_kernel"] + passes), names
     del names[:]
     y.backward(torch.randn_like(y))
-    assert sorted(names) == sorted(["_analysis_kernel", "_wgrad_kernel", "_wgrad_kernel", "_param_grads_kernel",
-                                    *passes]), names
+    assert sorted(names) == sorted(["_analysis_kernel", "_wgrad_pair_kernel", "_param_grads_kernel", *passes]), names
 
 
 @pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[4], SHAPES[5], SHAPES[6], SHAPES[7]],
@@ -418,10 +418,10 @@ def test_small_maps_one_launch_per_pass(shape, monkeypatch):
     monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 16})
     names = _spy_launches(monkeypatch)
     _float64_matches_reference(shape)
-    assert names[:2] == ["_fold_kernel", "_small_kernel"] and names[-2:] == ["_small_kernel", "_param_grads_kernel"]
-    weight_grads = names[2:-2]  # x's and dy's coefficients (a launch per five levels), the walks
-    assert set(weight_grads) == {"_analysis_kernel", "_wgrad_kernel"}, names
-    assert weight_grads.count("_wgrad_kernel") == 2, names
+    assert names[:2] == ["_fold_kernel", "_small_kernel"] and names[-1] == "_small_kernel", names
+    weight_grads = names[2:-1]  # x's and dy's coefficients (a launch per five levels), the walks, the chain rule
+    assert set(weight_grads) == {"_analysis_kernel", "_wgrad_pair_kernel", "_param_grads_kernel"}, names
+    assert weight_grads.count("_wgrad_pair_kernel") == 1 and weight_grads[-1] == "_param_grads_kernel", names
 
 
 @pytest.mark.parametrize("tuning", [dict(), dict(syn1=0),

@@ -352,7 +352,43 @@ def _wgrad_kernel(
     level's subbands in one launch. DSUM: also the sum of dy (the bias gradient). The B images of a launch may be a
     chunk of a larger batch: each program writes the row it has in the whole batch's launch (level-major, then
     group, then strip), so the partials and their fixed-order sum do not depend on the chunking."""
+    _wgrad_program(tl.program_id(0), tl.program_id(1), x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC, K, TP,
+                   LEVELS, BW, BC, DSUM, COMPUTE, UNROLL)
+
+
+@triton.jit
+def _wgrad_pair_kernel(
+    x_ptr, g_ptr,  # (B, H, W, C) dense x and dy
+    bpart_ptr,  # (R0 rows of the whole batch, TP, C) fp32: the base's partials, dy's sum in lane K*K
+    cx_ptr, cg_ptr,  # the flat coefficient buffers of x and dy
+    lpart_ptr,  # (rows, TP, 4C) fp32: every level's partials
+    H, W, B, IMGS, G0, GT,  # as _wgrad_kernel's
+    R0,  # programs of the base (axis 0); the levels' follow
+    C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
+    BC0: tl.constexpr, BC: tl.constexpr,  # channels per program of the base and of the levels
+    COMPUTE: tl.constexpr, UNROLL: tl.constexpr,
+):
+    """_wgrad_kernel's two launches (the base map, every level's subbands) as one: a launch less per backward.
+    Axis 1 runs over the levels' 4C / BC channel blocks; the base's programs past its C / BC0 blocks do nothing."""
     pid = tl.program_id(0)
+    cb = tl.program_id(1)
+    NB0: tl.constexpr = (C + BC0 - 1) // BC0
+    NB: tl.constexpr = (4 * C + BC - 1) // BC
+    if pid < R0:
+        if cb < NB0:
+            _wgrad_program(pid, cb, x_ptr, g_ptr, bpart_ptr, H, W, B, IMGS, G0, GT, C, K, TP, 0, BW, BC0, True,
+                           COMPUTE, UNROLL)
+    else:
+        if cb < NB:
+            _wgrad_program(pid - R0, cb, cx_ptr, cg_ptr, lpart_ptr, H, W, B, IMGS, G0, GT, 4 * C, K, TP, LEVELS,
+                           BW, BC, False, COMPUTE, UNROLL)
+
+
+@triton.jit
+def _wgrad_program(pid, cb, x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC: tl.constexpr, K: tl.constexpr,
+                   TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, DSUM: tl.constexpr,
+                   COMPUTE: tl.constexpr, UNROLL: tl.constexpr):
+    """Program ``pid`` (of its map or maps) and channel block ``cb`` of _wgrad_kernel."""
     if LEVELS > 0:
         lv, h, w, st, off = _level_of(pid, H, W, B, IMGS, BW, LEVELS, CC, 0)
         local = pid - st
@@ -368,7 +404,7 @@ def _wgrad_kernel(
         gb0 = g_ptr
     strips = (w + BW - 1) // BW
     row = first + G0 * strips + local
-    cc = tl.program_id(1) * BC + tl.arange(0, BC)
+    cc = cb * BC + tl.arange(0, BC)
     _wgrad_strip(xb0, gb0, part_ptr + row.to(tl.int64) * TP * CC + cc, h, w, (local % strips) * BW,
                  local // strips, B, IMGS, cc, cc < CC, CC, K, BW, DSUM, COMPUTE, UNROLL)
 
@@ -801,6 +837,9 @@ TUNING: dict[str, int] = {
     # flight rotate by renaming). H200, bf16, B=128 (results/h200/summary.md, session 20): syn1 forward 1.30x /
     # 1.24x and input gradient 1.31x / 1.25x at 56 x 56 / 28 x 28; wgrad_unroll 1.06x / 1.20x.
     "syn1": 1, "wgrad_unroll": 1,
+    # wgrad_pair = 1: the base's and the levels' weight-gradient walks in one launch (_wgrad_pair_kernel), a launch
+    # less per backward; 0: two launches.
+    "wgrad_pair": 1,
     # Maps of at most small_max rows and columns run a whole pass in one launch (small_kernels.py): a program per
     # image and small_bc channels, small_warps warps, strips of small_bw columns, small_chunk positions per
     # analysis / synthesis step. 0: never. H200, bf16, B=128 (results/h200/summary.md, session 18): forward /
@@ -809,11 +848,10 @@ TUNING: dict[str, int] = {
     # it ran at 0.55x: a program per image leaves too few warps there.
     "small_max": 16, "small_bw": 4, "small_bc": 64, "small_warps": 2, "small_chunk": 16,
     # A pass over a larger map runs in chunks of images whose two coefficient buffers (x's and dy's) take at most
-    # chunk_kb KiB (batch_chunks): the layer's workspace is then bounded, not 8/3 x its input, and fits the L2
-    # cache. 0: one chunk.
-    "chunk_kb": 32768,
+    # chunk_kb KiB (batch_chunks): the layer's workspace is then bounded, not 8/3 x its input. 0: one chunk.
+    "chunk_kb": 0,
 }
-_FLAG_KEYS = ("syn1", "wgrad_unroll")  # 0 or 1, not sizes
+_FLAG_KEYS = ("syn1", "wgrad_unroll", "wgrad_pair")  # 0 or 1, not sizes
 _ZERO_KEYS = ("small_max", "chunk_kb")  # 0 turns the path off
 _POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk")
 
@@ -1220,17 +1258,26 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     else:
         base, lev = parts[0], parts[1]
     spans = (first // imgs, groups)
+    r0 = _cdiv(bsz, imgs) * _cdiv(w, bw)
+    lbc = _block_c(4 * ch, TUNING["wgrad_bc"])
+    if levels and TUNING["wgrad_pair"]:
+        _launch(
+            _wgrad_pair_kernel,
+            (r0 + _level_programs(h, w, levels, bw, _cdiv(bsz, imgs)), max(_cdiv(ch, bc), _cdiv(4 * ch, lbc))),
+            (x, dy, base, coef_x, coef_dy, lev, h, w, bsz, imgs, *spans, r0), warps,
+            C=ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC0=bc, BC=lbc, COMPUTE=compute, UNROLL=unroll,
+        )
+        return base, lev, 0
     _launch(
-        _wgrad_kernel, (_cdiv(bsz, imgs) * _cdiv(w, bw), _cdiv(ch, bc)), (x, dy, base, h, w, bsz, imgs, *spans),
+        _wgrad_kernel, (r0, _cdiv(ch, bc)), (x, dy, base, h, w, bsz, imgs, *spans),
         warps, CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll,
     )
     if not levels:
         return base, base, 0
-    bc = _block_c(4 * ch, TUNING["wgrad_bc"])
     _launch(
-        _wgrad_kernel, (_level_programs(h, w, levels, bw, _cdiv(bsz, imgs)), _cdiv(4 * ch, bc)),
+        _wgrad_kernel, (_level_programs(h, w, levels, bw, _cdiv(bsz, imgs)), _cdiv(4 * ch, lbc)),
         (coef_x, coef_dy, lev, h, w, bsz, imgs, *spans), warps,
-        CC=4 * ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC=bc, DSUM=False, COMPUTE=compute, UNROLL=unroll,
+        CC=4 * ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute, UNROLL=unroll,
     )
     return base, lev, 0
 

@@ -94,21 +94,28 @@ if TRITON_AVAILABLE:
             dy = dy_full
         dy = _channels_last(dy)
         xc = _channels_last(x)
-        dx = torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
-        parts = None
-        # Chunk by chunk of images (one chunk but for large maps, batch_chunks), into one set of partials: dy's
-        # coefficients serve both gradients, the weight gradients first, since the input-gradient pass overwrites
-        # them; x's coefficients are recomputed here rather than kept from the forward.
-        for b0, b1 in batch_chunks(xc, levels, k):
+        dx: Optional[Tensor] = None
+        parts = grads = None
+        # Chunk by chunk of images (one chunk unless TUNING chunk_kb bounds the workspace, batch_chunks), into one
+        # set of partials: dy's coefficients serve both gradients, the weight gradients first, since the
+        # input-gradient pass overwrites them; x's coefficients are recomputed here rather than kept from the
+        # forward. The partials are summed once the last chunk's are in, and freed before the last input gradient.
+        chunks = batch_chunks(xc, levels, k)
+        for i, (b0, b1) in enumerate(chunks):
             xs, dys = xc[b0:b1], dy[b0:b1]
             coef_dy, coef_x = coefficient_pair(dys, xs, levels) if levels else (None, None)
             parts = weight_partials(xs, dys, coef_x, coef_dy, k, levels, parts, b0, bsz)
             del coef_x
+            if i == len(chunks) - 1:
+                grads = param_grads(parts, tuple(x.shape), weight, bias, base_scale, wavelet_weight, wavelet_scale,
+                                    round_to)
+                parts = None
+            if dx is None:
+                dx = torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
             # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
             wtconv_forward(dys, dx[b0:b1], base_w, None, level_w, 1, flip=True, coef=coef_dy)
             del coef_dy
         del xc
-        grads = param_grads(parts, tuple(x.shape), weight, bias, base_scale, wavelet_weight, wavelet_scale, round_to)
         return (_in_format_of(dx, x), *grads)
 
     def _refolded_backward(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
