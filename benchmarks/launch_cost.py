@@ -95,14 +95,16 @@ def main(argv=None) -> int:
         cases[f"WTConv f+b {c}x{h}^2, no launches"] = stubbed
         cases[f"cuDNN dw7 f+b {c}x{h}^2"] = lambda x=x, dy=dy, w7=w7, c=c: torch.autograd.grad(
             F.conv2d(x, w7, padding=3, groups=c), [x, w7], dy)
-    for fn in cases.values():  # compile, fill the caches
+    for name, fn in cases.items():  # compile, fill the caches (minutes on a slow host: say where it is)
         fn()
         fn()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        print(f"warm: {name}", flush=True)
     samples: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         for name, fn in cases.items():
             samples[name].append(wall_us(fn, args.iters))
+            print(f"round {r}: {name:36} {samples[name][-1]:10.2f} us", flush=True)
     rows = [dict(case=name, us=statistics.median(v), samples=v) for name, v in samples.items()]
     hdr = f"{'case':36} {'us per call':>12}"
     lines = [f"{r['case']:36} {r['us']:12.2f}" for r in rows]

@@ -330,13 +330,13 @@ def test_coefficients_are_the_haar_subbands(dtype):
     # Odd strips: syn1 does not apply, the synthesis launch does level 1.
     dict(conv_bw=11, wgrad_bw=9, syn1=1, wgrad_unroll=0),
     dict(syn1=0),  # the synthesis launch does level 1 at the default strips
-    dict(wgrad_pair=0, wgrad_imgs=3),  # the base's and the levels' weight gradients in two launches
+    dict(wgrad_pair=1, wgrad_imgs=3),  # the base's and the levels' weight gradients in one launch
     # The one-launch pass of small maps: one-column strips, two-channel blocks, one-position steps; and wide ones.
     dict(small_max=16, small_bw=1, small_bc=2, small_warps=1, small_chunk=1),
     dict(small_max=16, small_bw=11, small_bc=16, small_warps=4, small_chunk=256),
     dict(small_max=16, small_bw=2, syn1=1),  # level 1 synthesised by the base convolution
     dict(small_max=16, syn1=0),  # the small pass's synthesis does level 1
-], ids=["tiny-tiles", "large-tiles", "syn1-narrow", "syn1-odd-strips", "no-syn1", "wgrad-two-launches", "small-tiny",
+], ids=["tiny-tiles", "large-tiles", "syn1-narrow", "syn1-odd-strips", "no-syn1", "wgrad-one-launch", "small-tiny",
      "small-large", "small-syn1-narrow", "small-no-syn1"])
 def test_launch_shapes_do_not_change_results(tuning, monkeypatch):
     """Column strips, channel blocks, image groups and patch chunks that split maps, images and channels
@@ -385,17 +385,18 @@ def test_base_convolution_synthesising_level1(shape, syn1, monkeypatch):
     assert names.count("_synthesis_kernel") == 2 * len(tk._chunks(levels, 2 if syn1 else 1)), names
 
 
-@pytest.mark.parametrize("small", [False, True], ids=["multi-launch", "small-map"])
-def test_backward_analyses_x_and_dy_in_one_launch(small, monkeypatch):
+@pytest.mark.parametrize("small, pair", [(False, 0), (True, 0), (False, 1), (True, 1)],
+                         ids=["multi-launch", "small-map", "multi-launch-wgrad-pair", "small-map-wgrad-pair"])
+def test_backward_analyses_x_and_dy_in_one_launch(small, pair, monkeypatch):
     """A layer launches its kernels in the count the README gives: forward fold, analysis, level convolution,
     synthesis, base convolution; backward one analysis of x and dy together, the weight-gradient walks of the base
-    and the levels in one launch, the chain-rule kernel, and the input gradient's level convolution, synthesis and
-    base convolution. A small map (TUNING small_max) runs the forward's analysis-to-base-convolution in one launch,
-    and so the input gradient's too: 2 forward, 4 backward."""
+    and of the levels (one launch with TUNING wgrad_pair), the chain-rule kernel, and the input gradient's level
+    convolution, synthesis and base convolution. A small map (TUNING small_max) runs the forward's
+    analysis-to-base-convolution in one launch, and so the input gradient's too: 2 forward, 5 (4) backward."""
     from wtconvnext.ops import triton_kernels as tk
     from wtconvnext.ops import wtconv2d
 
-    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 16 if small else 0})
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 16 if small else 0, "wgrad_pair": pair})
     x = torch.randn(2, 8, 11, 9, device=DEVICE).contiguous(memory_format=torch.channels_last).requires_grad_()
     ps = [t.requires_grad_() for t in _params(8, 5, 3, True, torch.float32)]
     names = _spy_launches(monkeypatch)
@@ -404,7 +405,8 @@ def test_backward_analyses_x_and_dy_in_one_launch(small, monkeypatch):
     assert names == ["_fold_kernel"] + (passes if small else ["_analysis_kernel"] + passes), names
     del names[:]
     y.backward(torch.randn_like(y))
-    assert sorted(names) == sorted(["_analysis_kernel", "_wgrad_pair_kernel", "_param_grads_kernel", *passes]), names
+    walks = ["_wgrad_pair_kernel"] if pair else ["_wgrad_kernel", "_wgrad_kernel"]
+    assert sorted(names) == sorted(["_analysis_kernel", *walks, "_param_grads_kernel", *passes]), names
 
 
 @pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[4], SHAPES[5], SHAPES[6], SHAPES[7]],
@@ -420,8 +422,8 @@ def test_small_maps_one_launch_per_pass(shape, monkeypatch):
     _float64_matches_reference(shape)
     assert names[:2] == ["_fold_kernel", "_small_kernel"] and names[-1] == "_small_kernel", names
     weight_grads = names[2:-1]  # x's and dy's coefficients (a launch per five levels), the walks, the chain rule
-    assert set(weight_grads) == {"_analysis_kernel", "_wgrad_pair_kernel", "_param_grads_kernel"}, names
-    assert weight_grads.count("_wgrad_pair_kernel") == 1 and weight_grads[-1] == "_param_grads_kernel", names
+    assert set(weight_grads) == {"_analysis_kernel", "_wgrad_kernel", "_param_grads_kernel"}, names
+    assert weight_grads.count("_wgrad_kernel") == 2 and weight_grads[-1] == "_param_grads_kernel", names
 
 
 @pytest.mark.parametrize("tuning", [dict(), dict(syn1=0),
@@ -443,9 +445,9 @@ def test_small_maps_bitwise_as_multi_launch(tuning, monkeypatch):
         assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("dtype, imgs, stride", [(torch.float64, 2, 1), (torch.bfloat16, 1, 2)],
-                         ids=["f64-groups-of-2", "bf16-s2"])
-def test_batch_chunks_bitwise_as_one_chunk(dtype, imgs, stride, monkeypatch):
+@pytest.mark.parametrize("dtype, imgs, stride, pair", [(torch.float64, 2, 1, 1), (torch.bfloat16, 1, 2, 0)],
+                         ids=["f64-groups-of-2-wgrad-pair", "bf16-s2"])
+def test_batch_chunks_bitwise_as_one_chunk(dtype, imgs, stride, pair, monkeypatch):
     """TUNING chunk_kb: a large map's forward and backward run chunk by chunk of images (batch_chunks), the
     weight-gradient partials written where one launch over the whole batch writes them, so the output and every
     gradient are bitwise those of one chunk; the chunks start at multiples of wgrad_imgs and cover the batch."""
@@ -457,7 +459,8 @@ def test_batch_chunks_bitwise_as_one_chunk(dtype, imgs, stride, monkeypatch):
     x = torch.randn(5, c, 9, 8, device=DEVICE).to(dtype).contiguous(memory_format=torch.channels_last)
     outs = []
     for kb in (0, 1):
-        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, "wgrad_imgs": imgs, "chunk_kb": kb})
+        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, "wgrad_imgs": imgs, "chunk_kb": kb,
+                                           "wgrad_pair": pair})
         chunks = tk.batch_chunks(x, levels, k)
         assert len(chunks) == (1 if kb == 0 else -(-5 // imgs)), chunks
         assert chunks[0][0] == 0 and chunks[-1][1] == 5 and all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))

@@ -838,8 +838,9 @@ TUNING: dict[str, int] = {
     # 1.24x and input gradient 1.31x / 1.25x at 56 x 56 / 28 x 28; wgrad_unroll 1.06x / 1.20x.
     "syn1": 1, "wgrad_unroll": 1,
     # wgrad_pair = 1: the base's and the levels' weight-gradient walks in one launch (_wgrad_pair_kernel), a launch
-    # less per backward; 0: two launches.
-    "wgrad_pair": 1,
+    # less per backward, whose programs all carry the levels' register count; 0: two launches. Opt-in until the
+    # H200 A/B (bench_layer.py --variants wgrad_pair=1) decides: its timing runs were cut (results/h200/s22).
+    "wgrad_pair": 0,
     # Maps of at most small_max rows and columns run a whole pass in one launch (small_kernels.py): a program per
     # image and small_bc channels, small_warps warps, strips of small_bw columns, small_chunk positions per
     # analysis / synthesis step. 0: never. H200, bf16, B=128 (results/h200/summary.md, session 18): forward /
