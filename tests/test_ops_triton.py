@@ -445,6 +445,30 @@ def test_small_maps_bitwise_as_multi_launch(tuning, monkeypatch):
         assert torch.equal(a, b), name
 
 
+def test_inference_skips_autograd(monkeypatch):
+    """Under no_grad / inference_mode (or with no input needing a gradient) the fused op runs the forward alone,
+    without the autograd Function, bitwise as with it, under autocast too."""
+    from wtconvnext.ops import wtconv_triton
+
+    x = torch.randn(2, 8, 9, 7, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    ps = _params(8, 5, 2, True, torch.float32)
+    with_grad = wtconv2d(x.requires_grad_(), *ps, backend="triton").detach()
+    x.requires_grad_(False)
+
+    def refuse(*args):
+        raise AssertionError("the autograd Function ran for an inference call")
+
+    monkeypatch.setattr(wtconv_triton._WTConvFunction, "apply", refuse)
+    for ctx in (torch.no_grad, torch.inference_mode, torch.enable_grad):  # enable_grad: nothing requires grad
+        with ctx():
+            y = wtconv2d(x, *ps, backend="triton")
+        assert not y.requires_grad and torch.equal(y, with_grad)
+    with torch.no_grad(), torch.autocast(DEVICE, dtype=torch.bfloat16):
+        assert wtconv2d(x, *ps, backend="triton").dtype == torch.bfloat16
+    with pytest.raises(AssertionError, match="autograd Function"):
+        wtconv2d(x.requires_grad_(), *ps, backend="triton")
+
+
 @pytest.mark.parametrize("dtype, imgs, stride, pair", [(torch.float64, 2, 1, 1), (torch.bfloat16, 1, 2, 0)],
                          ids=["f64-groups-of-2-wgrad-pair", "bf16-s2"])
 def test_batch_chunks_bitwise_as_one_chunk(dtype, imgs, stride, pair, monkeypatch):

@@ -290,4 +290,9 @@ def wtconv2d_triton(
         # interpreter's CPU kernels cannot be traced.)
         op = _wtconv2d_traced_op if traced_op_applies(x) else _wtconv2d_op
         return op(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+    if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (
+            x, weight, bias, base_scale, wavelet_weight, wavelet_scale))):
+        # Inference (no_grad, inference_mode, or nothing needs a gradient): the forward alone, without the autograd
+        # Function's bookkeeping and saved tensors (host time per layer call is what small inputs pay).
+        return _forward_impl(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)[0]
     return _WTConvFunction.apply(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)
