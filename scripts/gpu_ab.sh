@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The kernel-model A/B of issue 14 (one or two GPU calls): FMA (explicit columns) vs tensor-core (mma) convolutions.
 #   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [abmma] [layer] [profile] [compiled] [pmodel]
-#                          [graphs] [host]
+#                          [graphs] [host] [launch] [pair] [eager]
+# TCACHE=DIR: Triton's compiled kernels are unpacked from DIR first and packed into OUTDIR last
+# (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles.
 # (default: tests abtune layer profile, into results/gpu_ab; about 4, 2.5, 6, 5, 2.5, 2, 3, 3, 5.5 and 3 minutes
 # on an H200: device calls of at most 10 minutes, e.g. "compiled pmodel", "abrows abtune", "tests layer profile",
 # "graphs host").
@@ -29,6 +31,10 @@ step() {  # step SECONDS LOG command...
   timeout "$limit" "$@" 2>&1 | tee "$out/$log" || rc=1
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+if [[ -n "${TCACHE:-}" ]]; then
+  bash scripts/triton_cache.sh unpack "$TCACHE"
+  trap 'bash scripts/triton_cache.sh pack "$out"' EXIT
+fi
 more="synthesising or wgrad_rows or compile_fullgraph or one_launch or ttir or small_maps"
 if [[ "$what" == *tests* ]]; then
   # pytest-xdist workers side by side (scripts/gpu_tests.sh): compiling the kernels' specialisations (CPU-bound)
@@ -88,5 +94,18 @@ if [[ "$what" == *graphs* ]]; then
 fi
 if [[ "$what" == *host* ]]; then
   step 240 host.txt "$py" benchmarks/host_overhead.py --iters 100 --rounds 3 --out "$out/host.json"
+fi
+# Issue 15's host split: microseconds per launch, per torch op and per layer call with and without its launches.
+if [[ "$what" == *launch* ]]; then
+  step 150 launch_cost.txt "$py" benchmarks/launch_cost.py --iters 200 --rounds 3 --out "$out/launch_cost.json"
+fi
+# The weight-gradient walks in one launch (TUNING wgrad_pair) against two, at every stage shape.
+if [[ "$what" == *pair* ]]; then
+  step 300 layer_pair.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes 2 3 0 1 \
+    --variants wgrad_pair=1 --impls wtconv_triton_cl dw7_cl wtconv_triton_cl+wgrad_pair=1 --out "$out/layer_pair.json"
+fi
+# The current model table (issue 15), eager: AMP and fp32 training and inference against ConvNeXt-T.
+if [[ "$what" == *eager* ]]; then
+  step 330 model.txt "$py" benchmarks/bench_model.py --sizes tiny --no-compile --out "$out/model.json"
 fi
 exit $rc
