@@ -1231,7 +1231,8 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
                     batch: Optional[int] = None) -> tuple[Tensor, Tensor, int]:
     """Per-program partial correlations of the weight gradients (w.r.t. the folded weights), for
     :func:`param_grads`: the base's of x and dy (with dy's sum in lane K*K), and every level's of the two
-    coefficient buffers, in one launch each; and which kernels made them (K for the tensor-core ones, else 0).
+    coefficient buffers, in one launch each (both in one with TUNING wgrad_pair); and which kernels made them (K for
+    the tensor-core ones, else 0).
 
     x and dy may be images ``first`` .. of a batch of ``batch`` (one of :func:`batch_chunks`' ranges): their rows
     are then written into ``parts`` (this function's result for an earlier chunk of the batch; allocated for the
