@@ -86,9 +86,8 @@ def _cases(b, c, h, w, levels, dtype, k=5, variants=()):
         cases["wtconv_triton_cl_fma"] = _with_mma(wt("triton", cl), False)
         cases["wtconv_triton_cl_mma"] = _with_mma(wt("triton", cl), True)
         cases["wtconv_triton_cl_mma1"] = _with_mma(wt("triton", cl), True, split=0)
-    for v in variants:  # the channels-last layer with TUNING overrides (an A/B of a knob, same run)
+    for v, entries in variants:  # the channels-last layer with TUNING overrides (an A/B of a knob, same run)
         fwd, fwdbwd, xi = wt("triton", cl)
-        entries = dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in v.split(","))
         cases[f"wtconv_triton_cl+{v}"] = (with_entries(fwd, tk.TUNING, entries),
                                           with_entries(fwdbwd, tk.TUNING, entries), xi)
     cases["wtconv_reference"] = wt("reference", torch.contiguous_format)
@@ -115,15 +114,17 @@ def main(argv=None) -> int:
     ap.add_argument("--impls", nargs="+", default=None, metavar="NAME",
                     help="time only these rows (e.g. wtconv_triton_cl dw7_cl; default: all)")
     ap.add_argument("--variants", nargs="+", default=[], metavar="KEY=V[,KEY=V]",
-                    help="extra channels-last rows with these TUNING entries, e.g. chunk_kb=0 (row wtconv_triton_cl+...)")
+                    help="extra channels-last rows with these TUNING entries (row wtconv_triton_cl+KEY=V)")
     args = ap.parse_args(argv)
+    variants = []  # (row suffix, TUNING entries), parsed once
     for v in args.variants:
         try:
-            bad = [kv for kv in v.split(",") if kv.split("=")[0] not in tk.TUNING or int(kv.split("=")[1]) < 0]
+            entries = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in v.split(",")}
         except (IndexError, ValueError):
-            bad = [v]
-        if bad:
-            ap.error(f"--variants: {bad} is not KEY=V with a TUNING key ({sorted(tk.TUNING)}) and an integer >= 0")
+            entries = {}
+        if not entries or any(key not in tk.TUNING or val < 0 for key, val in entries.items()):
+            ap.error(f"--variants: {v} is not KEY=V[,KEY=V] with TUNING keys ({sorted(tk.TUNING)}) and integers >= 0")
+        variants.append((v, entries))
     if args.impls and not any(name.startswith("dw7") for name in args.impls):
         ap.error("--impls needs a dw7 row (dw7_cl or dw7_nchw): the ratios are to depthwise 7x7")
     if not torch.cuda.is_available():
@@ -135,7 +136,7 @@ def main(argv=None) -> int:
     for dname in args.dtypes:
         dtype = DTYPES[dname]
         for b, c, h, w, levels in [SHAPES[i] for i in args.shapes] if args.shapes else SHAPES:
-            cases = _cases(b, c, h, w, levels, dtype, variants=args.variants)
+            cases = _cases(b, c, h, w, levels, dtype, variants=variants)
             unknown = [n for n in args.impls or () if n not in cases]
             if unknown:  # a misspelt row would otherwise be left out without a word
                 ap.error(f"--impls: no row {unknown} in {dname}; the rows are {sorted(cases)}")

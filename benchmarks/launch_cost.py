@@ -22,13 +22,15 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import gpu_env, report, wall_us  # noqa: E402
+from benchmarks.common import gpu_env, report, wall_us, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
+from wtconvnext.ops import wtconv2d  # noqa: E402
 
 
 @triton.jit
@@ -68,11 +70,6 @@ def main(argv=None) -> int:
         "triton kernel[grid], 16 args": lambda: _touch16[(1,)](t, *ptrs, *ints, N=32),
         "kept launch, 16 args": lambda: tk._launch(_touch16, (1, 1), (t, *ptrs, *ints), 1, N=32),
     }
-    import torch.nn.functional as F
-
-    from benchmarks.common import wtconv_inputs
-    from wtconvnext.ops import wtconv2d
-
     for c, h, levels in ((96, 56, 5), (384, 14, 3)):
         x, dy, p = wtconv_inputs(1, c, h, h, levels, torch.bfloat16)
         x = x.contiguous(memory_format=torch.channels_last).requires_grad_()

@@ -55,6 +55,11 @@ def _channels_last(t: Tensor) -> Tensor:
     return t.contiguous(memory_format=torch.channels_last)
 
 
+def _images(t: Tensor, b0: int, b1: int) -> Tensor:
+    """Images b0 .. b1 - 1 of t: t itself for the whole batch (the default single chunk adds no view per call)."""
+    return t if b0 == 0 and b1 == t.shape[0] else t[b0:b1]
+
+
 def _in_format_of(t: Tensor, x: Tensor) -> Tensor:
     """The channels-last kernel result ``t`` in x's memory format."""
     return t.contiguous(memory_format=_output_format(x))
@@ -76,7 +81,7 @@ if TRITON_AVAILABLE:
         xc = _channels_last(x)
         # A large map's pass runs in chunks of images, so that its coefficient buffers stay small (batch_chunks).
         for b0, b1 in batch_chunks(xc, wavelet_weight.shape[0], weight.shape[-1]):
-            wtconv_forward(xc[b0:b1], out[b0:b1], base_w, base_b, level_w, stride)
+            wtconv_forward(_images(xc, b0, b1), _images(out, b0, b1), base_w, base_b, level_w, stride)
         return _in_format_of(out, x), base_w, level_w
 
     def _backward_impl(
@@ -102,7 +107,7 @@ if TRITON_AVAILABLE:
         # forward. The partials are summed once the last chunk's are in, and freed before the last input gradient.
         chunks = batch_chunks(xc, levels, k)
         for i, (b0, b1) in enumerate(chunks):
-            xs, dys = xc[b0:b1], dy[b0:b1]
+            xs, dys = _images(xc, b0, b1), _images(dy, b0, b1)
             coef_dy, coef_x = coefficient_pair(dys, xs, levels) if levels else (None, None)
             parts = weight_partials(xs, dys, coef_x, coef_dy, k, levels, parts, b0, bsz)
             del coef_x
@@ -113,7 +118,7 @@ if TRITON_AVAILABLE:
             if dx is None:
                 dx = torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
             # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
-            wtconv_forward(dys, dx[b0:b1], base_w, None, level_w, 1, flip=True, coef=coef_dy)
+            wtconv_forward(dys, _images(dx, b0, b1), base_w, None, level_w, 1, flip=True, coef=coef_dy)
             del coef_dy
         del xc
         return (_in_format_of(dx, x), *grads)
