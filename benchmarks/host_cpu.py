@@ -9,11 +9,15 @@ the allocations, layout checks and shape arithmetic around the kernel launches (
 for maps of at most ``TUNING['small_max']``), and the launches' own bookkeeping. This script times
 ``wtconv2d(..., backend='triton')`` forward + backward on CPU tensors (Triton's interpreter lets the backend take
 them; it is switched on here before wtconvnext is imported) at the WTConvNeXt-T stage shapes, B=1 bf16
-channels_last, in two modes, so that no kernel runs:
+channels_last, in three modes, so that no kernel runs:
 
 - ``stub``: ``triton_kernels._launch`` is a no-op; only the work around the launches is timed;
 - ``kept``: ``_launch`` runs its kept-kernel path (the cache key of every launch and its lookup, as on a GPU) up to
-  the compiled kernel's launcher, which is a no-op here (the kernels are stand-ins and the device index is 0).
+  the compiled kernel's launcher, which is a no-op here (the kernels are stand-ins and the device index is 0);
+- ``planned``: as ``kept``, with launch plans (``launch_plan.py``, the default path): after the first call of a
+  shape, each pass replays its recorded allocations and launches.
+
+``stub`` and ``kept`` run with launch plans off.
 
 The launch outputs are left uninitialised. Per mode and shape it prints the median wall time of one forward and
 of one forward + backward over ``--iters`` timed iterations (in ``--rounds`` rounds, the modes alternating) and
@@ -42,11 +46,13 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import report, wtconv_inputs  # noqa: E402
+from wtconvnext.ops import launch_plan  # noqa: E402
 from wtconvnext.ops import mma_kernels as mk  # noqa: E402
 from wtconvnext.ops import small_kernels as sk  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
+MODES = ("stub", "kept", "planned")
 STAGES = [(96, 56, 56, 5), (192, 28, 28, 4), (384, 14, 14, 3), (768, 7, 7, 2)]  # C, H, W, levels (WTConvNeXt-T)
 
 
@@ -71,11 +77,15 @@ class _StandInKernel:
 
 @contextlib.contextmanager
 def no_kernels(mode: str) -> Iterator[None]:
-    """Inside: every launch of the fused WTConv does no work (``mode`` 'stub' or 'kept', see the module docs)."""
+    """Inside: every launch of the fused WTConv does no work (``mode`` 'stub', 'kept' or 'planned', see the module
+    docs)."""
     # Every kernel module: the launchers reach the tensor-core and the small-map kernels through their modules (a
     # real kernel left in place would run in the interpreter, on uninitialised data, for minutes).
     saved_mods = {mod: dict(vars(mod)) for mod in (tk, mk, sk)}
     saved, const_names = saved_mods[tk], dict(tk._CONST_NAMES)
+    plans_on = launch_plan.ENABLED
+    launch_plan.clear()  # plans hold launchers: none may outlive the mode that recorded it
+    launch_plan.ENABLED = mode == "planned"
     try:
         if mode == "stub":
             tk._launch = lambda *args, **kwargs: None
@@ -98,6 +108,8 @@ def no_kernels(mode: str) -> Iterator[None]:
         tk._COMPILED.clear()
         tk._CONST_NAMES.clear()
         tk._CONST_NAMES.update(const_names)
+        launch_plan.clear()
+        launch_plan.ENABLED = plans_on
 
 
 def sample_ns(fn: Callable[[], object], iters: int) -> list[int]:
@@ -143,16 +155,16 @@ def main(argv: list[str] | None = None) -> int:
         # Short rounds, the modes alternating, so that slow phases of a shared machine hit both alike.
         times: dict[tuple[str, str], list[int]] = {}
         for _ in range(args.rounds):
-            for mode in ("stub", "kept"):
+            for mode in MODES:
                 with no_kernels(mode):
                     for name, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
                         times.setdefault((mode, name), []).extend(sample_ns(fn, -(-args.iters // args.rounds)))
-        for mode in ("stub", "kept"):
+        for mode in MODES:
             rows.append(dict(mode=mode, C=c, H=h, W=w, levels=levels, B=1, dtype="bf16",
                              iters=len(times[mode, "fwd"]),
                              **{f"{name}_us": statistics.median(times[mode, name]) / 1e3 for name in ("fwd", "fwd_bwd")}))
-    hdr = f"{'mode':5} {'C, H, L':14} {'fwd us':>8} {'fwd+bwd us':>11}"
-    lines = [f"{r['mode']:5} {r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['fwd_us']:8.1f} {r['fwd_bwd_us']:11.1f}"
+    hdr = f"{'mode':7} {'C, H, L':14} {'fwd us':>8} {'fwd+bwd us':>11}"
+    lines = [f"{r['mode']:7} {r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['fwd_us']:8.1f} {r['fwd_bwd_us']:11.1f}"
              for r in rows]
     env = dict(cpu=platform.processor() or platform.machine(), torch=torch.__version__, python=platform.python_version(),
                date=time.strftime("%Y-%m-%d %H:%M:%S"))

@@ -1,16 +1,17 @@
-"""Host time of one WTConv layer call (forward + backward), with Triton's launch path and with the kept kernels.
+"""Host time of one WTConv layer call (forward + backward) on each launch path.
 
 Usage (any CUDA GPU)::
 
-    python benchmarks/host_overhead.py [--out results/host.json] [--iters 300] [--rounds 7]
+    python benchmarks/host_overhead.py [--out results/host.json] [--iters 300] [--rounds 7] [--no-compile]
 
 At B=1 every kernel finishes in microseconds, so the wall time of an iteration is the host's: Python, torch's
 allocations and autograd, and the kernel launches. For each WTConvNeXt-T stage shape (channels_last, bf16) it
-times forward + backward of the fused WTConv with every launch through ``kernel[grid](...)`` ("triton") and through
-the compiled kernels kept after their first launch ("kept", the default; ``_launch`` in
-``wtconvnext/ops/triton_kernels.py``; ``host_us``, the default path), and compiled with static sizes (Inductor's
-code launches the kernels), in alternating rounds so that drifts of the host hit all alike, with cuDNN's depthwise
-7x7, eager and compiled, for scale. Prints the median per iteration and writes JSON.
+times forward + backward of the fused WTConv with every launch through ``kernel[grid](...)`` ("triton"), through
+the compiled kernels kept after their first launch ("kept"; ``_launch`` in ``wtconvnext/ops/triton_kernels.py``),
+and with launch plans replayed ("planned", the default path: ``host_us``; ``wtconvnext/ops/launch_plan.py``), and
+compiled with static sizes (Inductor's code launches the kernels), in alternating rounds so that drifts of the
+host hit all alike, with cuDNN's depthwise 7x7, eager and compiled, for scale. Prints the median per iteration and
+writes JSON.
 """
 
 from __future__ import annotations
@@ -27,8 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import SHAPES  # noqa: E402
 from benchmarks.common import gpu_env, report, wall_us, wtconv_inputs  # noqa: E402
+from wtconvnext.ops import launch_plan  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
+
+
+# Launch paths timed side by side: (triton_kernels._FAST_LAUNCH, launch_plan.ENABLED).
+MODES = {"triton": (False, False), "kept": (True, False), "planned": (True, True)}
 
 
 def main(argv=None) -> int:
@@ -36,6 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="results/host.json")
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--no-compile", action="store_true", help="skip the compiled rows (their compiles take minutes)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("host_overhead.py needs a CUDA GPU", file=sys.stderr)
@@ -65,35 +72,37 @@ def main(argv=None) -> int:
         def dw7_compiled():
             torch.autograd.grad(dw7_graph(x, w7), [x, w7], dy)
 
-        fast_default = tk._FAST_LAUNCH
-        times: dict[str, list[float]] = {"triton": [], "kept": [], "dw7": [], "compiled": [], "dw7_compiled": []}
+        fast_default, plans_default = tk._FAST_LAUNCH, launch_plan.ENABLED
+        times: dict[str, list[float]] = {m: [] for m in (*MODES, "dw7", "compiled", "dw7_compiled")}
         try:
-            for mode in ("triton", "kept"):  # compile / fill the caches outside the timing
-                tk._FAST_LAUNCH = mode == "kept"
+            for mode in MODES:  # compile / fill the caches and record the plans outside the timing
+                tk._FAST_LAUNCH, launch_plan.ENABLED = MODES[mode]
                 wt()
                 wt()
-            compiled = {"dw7": dw7, "compiled": wt_compiled, "dw7_compiled": dw7_compiled}
+            compiled = {"dw7": dw7} if args.no_compile else {
+                "dw7": dw7, "compiled": wt_compiled, "dw7_compiled": dw7_compiled}
             for fn in compiled.values():
                 fn()
                 fn()
             for _ in range(args.rounds):
-                for mode in ("triton", "kept"):
-                    tk._FAST_LAUNCH = mode == "kept"
+                for mode in MODES:
+                    tk._FAST_LAUNCH, launch_plan.ENABLED = MODES[mode]
                     times[mode].append(wall_us(wt, args.iters))
                 for name, fn in compiled.items():
                     times[name].append(wall_us(fn, args.iters))
         finally:
-            tk._FAST_LAUNCH = fast_default
-        med = {k: statistics.median(v) for k, v in times.items()}
+            tk._FAST_LAUNCH, launch_plan.ENABLED = fast_default, plans_default
+        med = {k: statistics.median(v) if v else None for k, v in times.items()}
         rows.append(dict(C=c, H=h, W=w, levels=levels, dtype="bf16", B=1, iters=args.iters, rounds=args.rounds,
-                         triton_us=med["triton"], kept_us=med["kept"], dw7_us=med["dw7"],
-                         host_us=med["kept"], compiled_us=med["compiled"], dw7_compiled_us=med["dw7_compiled"],
+                         triton_us=med["triton"], kept_us=med["kept"], planned_us=med["planned"], dw7_us=med["dw7"],
+                         host_us=med["planned"], compiled_us=med["compiled"], dw7_compiled_us=med["dw7_compiled"],
                          samples=times))
-    hdr = (f"{'C, H, L':14} {'triton launch us':>17} {'kept kernels us':>16} {'saved':>7} {'dw7 us':>8} "
-           f"{'kept/dw7':>9} {'compiled us':>12} {'dw7 compiled us':>16} {'ratio':>6}")
+    hdr = (f"{'C, H, L':14} {'triton launch us':>17} {'kept kernels us':>16} {'planned us':>11} {'dw7 us':>8} "
+           f"{'planned/dw7':>12} {'compiled us':>12} {'dw7 compiled us':>16} {'ratio':>6}")
     lines = [f"{r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['triton_us']:17.1f} {r['kept_us']:16.1f} "
-             f"{1 - r['kept_us'] / r['triton_us']:7.1%} {r['dw7_us']:8.1f} {r['kept_us'] / r['dw7_us']:9.2f} "
-             f"{r['compiled_us']:12.1f} {r['dw7_compiled_us']:16.1f} {r['compiled_us'] / r['dw7_compiled_us']:6.2f}"
+             f"{r['planned_us']:11.1f} {r['dw7_us']:8.1f} {r['planned_us'] / r['dw7_us']:12.2f} "
+             + (f"{r['compiled_us']:12.1f} {r['dw7_compiled_us']:16.1f} {r['compiled_us'] / r['dw7_compiled_us']:6.2f}"
+                if r["compiled_us"] is not None else f"{'-':>12} {'-':>16} {'-':>6}")
              for r in rows]
     report(args.out, gpu_env(), hdr, lines, rows,
            note="median wall per forward + backward, B=1 bf16 channels_last (host-bound)")

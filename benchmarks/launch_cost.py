@@ -9,8 +9,9 @@ kernels finish in microseconds there). This times, back to back with the GPU nev
 function call; ``torch.empty`` of a small CUDA tensor; a tiny in-place torch op (one launch through the
 dispatcher); a trivial Triton kernel through ``kernel[grid](...)`` and through the compiled kernel kept by
 ``triton_kernels._launch`` (the layer's default path), with 1 and 16 runtime arguments; then one WTConv layer
-call (forward + backward, B=1 bf16 channels-last, 56 x 56 and 14 x 14) as it runs and with every launch replaced by
-a no-op (what is left is Python, autograd and allocations), against cuDNN's depthwise 7x7. Medians of
+call (forward + backward, B=1 bf16 channels-last, 56 x 56 and 14 x 14) as it runs (launch plans replayed), without
+launch plans, and with every launch replaced by a no-op and no plans (what is left is Python, autograd and
+allocations), against cuDNN's depthwise 7x7. Medians of
 ``--rounds`` rounds, microseconds per call; JSON rows as the other benchmarks write them.
 """
 
@@ -29,6 +30,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import gpu_env, report, wall_us, wtconv_inputs  # noqa: E402
+from wtconvnext.ops import launch_plan  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
@@ -81,14 +83,23 @@ def main(argv=None) -> int:
             torch.autograd.grad(wtconv2d(x, *ps, backend="triton"), [x, *ps], dy)
 
         def stubbed(layer=layer):
-            real = tk._launch
+            real, plans = tk._launch, launch_plan.ENABLED
             tk._launch = lambda *a, **k: None
+            launch_plan.ENABLED = False  # a replayed plan would launch past the stub
             try:
                 layer()
             finally:
-                tk._launch = real
+                tk._launch, launch_plan.ENABLED = real, plans
+
+        def unplanned(layer=layer):
+            launch_plan.ENABLED = False
+            try:
+                layer()
+            finally:
+                launch_plan.ENABLED = True
 
         cases[f"WTConv f+b {c}x{h}^2 L{levels}"] = layer
+        cases[f"WTConv f+b {c}x{h}^2, no plans"] = unplanned
         cases[f"WTConv f+b {c}x{h}^2, no launches"] = stubbed
         cases[f"cuDNN dw7 f+b {c}x{h}^2"] = lambda x=x, dy=dy, w7=w7, c=c: torch.autograd.grad(
             F.conv2d(x, w7, padding=3, groups=c), [x, w7], dy)

@@ -5,8 +5,11 @@ is bound by host-side launch overhead, not by the GPU; ``--host`` then adds a cP
 functions by own time).
 
     python benchmarks/profile_layer.py [--shapes 0 3] [--dtypes fp32 bf16] [--cl] [--mma] [--host]
+                                       [--tuning KEY=V ...]
 
-``--mma``: the bf16 convolutions on the tensor cores (wtconvnext/ops/mma_kernels.py; implies --cl).
+``--mma``: the bf16 convolutions on the tensor cores (wtconvnext/ops/mma_kernels.py; implies --cl). ``--tuning``:
+``triton_kernels.TUNING`` entries for the run (e.g. ``wgrad_pair=1``: kernel time, not wall time, decides an A/B of
+a launch-shape knob at host-bound shapes).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import DTYPES, SHAPES, _cases  # noqa: E402
 from benchmarks.common import wall_us  # noqa: E402
+from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -31,7 +35,16 @@ def main(argv=None) -> int:
     ap.add_argument("--mma", action="store_true", help="tensor-core convolutions (bf16, channels_last)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--host", action="store_true", help="also cProfile the host side of fwd + bwd")
+    ap.add_argument("--tuning", nargs="*", default=[], metavar="KEY=V", help="TUNING entries for the run")
     args = ap.parse_args(argv)
+    try:
+        entries = {k: int(v) for k, v in (e.split("=") for e in args.tuning)}
+    except ValueError:
+        ap.error(f"--tuning: expected KEY=V with integer values, got {args.tuning}")
+    unknown = sorted(set(entries) - set(tk.TUNING))
+    if unknown:
+        ap.error(f"--tuning: unknown keys {unknown}; the keys are {sorted(tk.TUNING)}")
+    tk.TUNING.update(entries)
     from torch.profiler import ProfilerActivity, profile
 
     for si in args.shapes:
@@ -49,7 +62,8 @@ def main(argv=None) -> int:
                 for _ in range(args.iters):
                     fwdbwd()
                 torch.cuda.synchronize()
-            print(f"\n=== {dname} B={b} C={c} {h}x{w} L={levels} {name}: per-iteration CUDA time by kernel")
+            tuned = f" {' '.join(args.tuning)}" if args.tuning else ""
+            print(f"\n=== {dname} B={b} C={c} {h}x{w} L={levels} {name}{tuned}: per-iteration CUDA time by kernel")
             rows = []
             for e in prof.key_averages():
                 t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)

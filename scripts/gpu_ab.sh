@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The kernel-model A/B of issue 14 (one or two GPU calls): FMA (explicit columns) vs tensor-core (mma) convolutions.
 #   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [abmma] [layer] [profile] [compiled] [pmodel]
-#                          [graphs] [host] [launch] [pair] [eager]
+#                          [graphs] [host] [launch] [pair] [eager] [warm]
 # TCACHE=DIR: Triton's compiled kernels are unpacked from DIR first and packed into OUTDIR last
 # (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles.
 # (default: tests abtune layer profile, into results/gpu_ab; about 4, 2.5, 6, 5, 2.5, 2, 3, 3, 5.5 and 3 minutes
@@ -35,13 +35,27 @@ if [[ -n "${TCACHE:-}" ]]; then
   bash scripts/triton_cache.sh unpack "$TCACHE"
   trap 'bash scripts/triton_cache.sh pack "$out"' EXIT
 fi
-more="synthesising or wgrad_rows or compile_fullgraph or one_launch or ttir or small_maps"
+more="synthesising or wgrad_rows or compile_fullgraph or one_launch or ttir or small_maps or launch_plan or replay"
+if [[ "$what" == *warm* ]]; then
+  # Compile the layer's kernel specialisations for the steps below in parallel processes (warm_kernels.py): one
+  # process compiling them one after another spent the steps' time limits (session 22). In the background, beside
+  # the tests' own compiles; the benchmarks wait for it.
+  timeout 240 "$py" benchmarks/warm_kernels.py --jobs "${WARM_JOBS:-10}" --batches 128 --dtypes bf16 \
+    --group="--batches 1 --dtypes bf16 --modes train" \
+    --group="--batches 128 --dtypes amp fp32 --modes train" --group="--batches 256 --dtypes amp fp32 --modes infer" \
+    > "$out/warm.txt" 2>&1 &
+  warm_pid=$!
+fi
 if [[ "$what" == *tests* ]]; then
   # pytest-xdist workers side by side (scripts/gpu_tests.sh): compiling the kernels' specialisations (CPU-bound)
   # is most of the time.
-  sel="mma or golden or dtypes or low_precision or deterministic or fast_launch or $more"
-  LIMIT=420 bash scripts/gpu_tests.sh "$out" 12 -k "$sel" > /dev/null || rc=1
+  sel="${TESTS_K:-mma or golden or dtypes or low_precision or deterministic or fast_launch or $more}"
+  LIMIT=${TESTS_LIMIT:-420} bash scripts/gpu_tests.sh "$out" "${TESTS_WORKERS:-12}" -k "$sel" > /dev/null || rc=1
   tail -15 "$out/gpu_tests.log"
+fi
+if [[ -n "${warm_pid:-}" ]]; then
+  wait "$warm_pid" || rc=1
+  tail -2 "$out/warm.txt"
 fi
 if [[ "$what" == *abrows* ]]; then  # today's FMA kernels against an earlier copy ($AB_BASELINE, e.g. of 123b293)
   if [[ -f "${AB_BASELINE:-}" ]]; then
@@ -92,8 +106,8 @@ if [[ "$what" == *graphs* ]]; then
   step 330 model_cudagraphs.txt "$py" benchmarks/bench_model.py --sizes tiny --compiled-only --compile-amp-only \
     --compile-mode reduce-overhead --out "$out/model_cudagraphs.json"
 fi
-if [[ "$what" == *host* ]]; then
-  step 240 host.txt "$py" benchmarks/host_overhead.py --iters 100 --rounds 3 --out "$out/host.json"
+if [[ "$what" == *host* ]]; then  # HOST_ARGS=--no-compile: the eager launch paths only (no compiles)
+  step 240 host.txt "$py" benchmarks/host_overhead.py --iters 100 --rounds 3 ${HOST_ARGS:-} --out "$out/host.json"
 fi
 # Issue 15's host split: microseconds per launch, per torch op and per layer call with and without its launches.
 if [[ "$what" == *launch* ]]; then
@@ -101,8 +115,10 @@ if [[ "$what" == *launch* ]]; then
 fi
 # The weight-gradient walks in one launch (TUNING wgrad_pair) against two, at every stage shape.
 if [[ "$what" == *pair* ]]; then
+  # (wgrad_pair=0 is the default again, timed after the other: the order's bias shows.)
   step 300 layer_pair.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes 2 3 0 1 \
-    --variants wgrad_pair=1 --impls wtconv_triton_cl dw7_cl wtconv_triton_cl+wgrad_pair=1 --out "$out/layer_pair.json"
+    --variants wgrad_pair=1 wgrad_pair=0 --impls wtconv_triton_cl dw7_cl wtconv_triton_cl+wgrad_pair=1 \
+    wtconv_triton_cl+wgrad_pair=0 dw5_cl --out "$out/layer_pair.json"
 fi
 # The current model table (issue 15), eager: AMP and fp32 training and inference against ConvNeXt-T.
 if [[ "$what" == *eager* ]]; then

@@ -29,6 +29,6 @@ if "$py" -c "import xdist" 2>/dev/null; then
 else
   echo "gpu_tests.sh: no pytest-xdist, one process" | tee "$out/gpu_tests.log"
 fi
-timeout "${LIMIT:-540}" "$py" -m pytest -q -rf --tb=short ${par[@]+"${par[@]}"} tests/test_ops_triton.py tests/gpu \
+timeout "${LIMIT:-540}" "$py" -m pytest -q -rf --tb=short ${par[@]+"${par[@]}"} tests/test_ops_triton.py tests/test_launch_plan.py tests/gpu \
   tests/test_ttir_memo.py "$@" 2>&1 | tee -a "$out/gpu_tests.log"
 exit "${PIPESTATUS[0]}"

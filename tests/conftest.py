@@ -87,6 +87,15 @@ def _seed_everything() -> None:
         pass
 
 
+@pytest.fixture(autouse=True)
+def _fresh_launch_plans() -> None:
+    """No launch plan recorded in one test replays in another: tests swap tuning tables, kernels and launchers, and
+    count launches (a replay does not go through ``triton_kernels._launch``)."""
+    from wtconvnext.ops import launch_plan
+
+    launch_plan.clear()
+
+
 @pytest.fixture(scope="session")
 def golden_dir() -> Path:
     return GOLDEN

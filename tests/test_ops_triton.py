@@ -330,13 +330,13 @@ def test_coefficients_are_the_haar_subbands(dtype):
     # Odd strips: syn1 does not apply, the synthesis launch does level 1.
     dict(conv_bw=11, wgrad_bw=9, syn1=1, wgrad_unroll=0),
     dict(syn1=0),  # the synthesis launch does level 1 at the default strips
-    dict(wgrad_pair=1, wgrad_imgs=3),  # the base's and the levels' weight gradients in one launch
+    dict(wgrad_pair=0, wgrad_imgs=3),  # the base's and the levels' weight gradients in two launches
     # The one-launch pass of small maps: one-column strips, two-channel blocks, one-position steps; and wide ones.
     dict(small_max=16, small_bw=1, small_bc=2, small_warps=1, small_chunk=1),
     dict(small_max=16, small_bw=11, small_bc=16, small_warps=4, small_chunk=256),
     dict(small_max=16, small_bw=2, syn1=1),  # level 1 synthesised by the base convolution
     dict(small_max=16, syn1=0),  # the small pass's synthesis does level 1
-], ids=["tiny-tiles", "large-tiles", "syn1-narrow", "syn1-odd-strips", "no-syn1", "wgrad-one-launch", "small-tiny",
+], ids=["tiny-tiles", "large-tiles", "syn1-narrow", "syn1-odd-strips", "no-syn1", "wgrad-two-launches", "small-tiny",
      "small-large", "small-syn1-narrow", "small-no-syn1"])
 def test_launch_shapes_do_not_change_results(tuning, monkeypatch):
     """Column strips, channel blocks, image groups and patch chunks that split maps, images and channels
@@ -392,7 +392,8 @@ def test_backward_analyses_x_and_dy_in_one_launch(small, pair, monkeypatch):
     synthesis, base convolution; backward one analysis of x and dy together, the weight-gradient walks of the base
     and of the levels (one launch with TUNING wgrad_pair), the chain-rule kernel, and the input gradient's level
     convolution, synthesis and base convolution. A small map (TUNING small_max) runs the forward's
-    analysis-to-base-convolution in one launch, and so the input gradient's too: 2 forward, 5 (4) backward."""
+    analysis-to-base-convolution in one launch, and so the input gradient's too: 2 forward, 5 (4 with wgrad_pair)
+    backward."""
     from wtconvnext.ops import triton_kernels as tk
     from wtconvnext.ops import wtconv2d
 
@@ -422,8 +423,9 @@ def test_small_maps_one_launch_per_pass(shape, monkeypatch):
     _float64_matches_reference(shape)
     assert names[:2] == ["_fold_kernel", "_small_kernel"] and names[-1] == "_small_kernel", names
     weight_grads = names[2:-1]  # x's and dy's coefficients (a launch per five levels), the walks, the chain rule
-    assert set(weight_grads) == {"_analysis_kernel", "_wgrad_kernel", "_param_grads_kernel"}, names
-    assert weight_grads.count("_wgrad_kernel") == 2 and weight_grads[-1] == "_param_grads_kernel", names
+    walks = ["_wgrad_pair_kernel"] if tk.TUNING["wgrad_pair"] else ["_wgrad_kernel", "_wgrad_kernel"]
+    assert set(weight_grads) == {"_analysis_kernel", *walks, "_param_grads_kernel"}, names
+    assert weight_grads.count(walks[0]) == len(walks) and weight_grads[-1] == "_param_grads_kernel", names
 
 
 @pytest.mark.parametrize("tuning", [dict(), dict(syn1=0),

@@ -202,7 +202,7 @@ def test_wtconvnext_tiny_compile_fullgraph_equals_eager():
 
     (y_comp, g_comp), codes = run_and_get_code(run)
     code = "\n".join(codes)
-    assert "_conv_kernel" in code and "_wgrad_kernel" in code  # the fused WTConv, forward and backward
+    assert "_conv_kernel" in code and "_wgrad_" in code  # the fused WTConv, forward and backward
     assert "transposed=True" not in code  # no reference synthesis (transposed convolutions) in the graph
     assert _rel(y_comp, y_eager) < 1e-4
     for a, b in zip(g_comp, g_eager):
@@ -262,6 +262,7 @@ def test_compiled_static_shapes_launch_kernels_from_inductor_code():
     eager results."""
     from torch._inductor.utils import run_and_get_code
 
+    from wtconvnext.ops import triton_kernels as tk
     from wtconvnext.ops.wtconv_triton import traced_op_applies
 
     layer, x = _layer_and_input()
@@ -271,7 +272,8 @@ def test_compiled_static_shapes_launch_kernels_from_inductor_code():
     compiled = torch.compile(layer, fullgraph=True, dynamic=False)
     out, codes = run_and_get_code(lambda: _grads_of(compiled, layer, x))
     code = "\n".join(codes)
-    for kernel in ("_analysis_kernel", "_conv_kernel", "_synthesis_kernel", "_wgrad_kernel", "_param_grads_kernel",
+    walk = "_wgrad_pair_kernel" if tk.TUNING["wgrad_pair"] else "_wgrad_kernel"
+    for kernel in ("_analysis_kernel", "_conv_kernel", "_synthesis_kernel", walk, "_param_grads_kernel",
                    "_fold_kernel"):
         assert kernel in code, kernel
     assert "torch.ops.wtconvnext" not in code  # no custom-op call left in the generated code

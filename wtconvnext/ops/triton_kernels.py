@@ -47,6 +47,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from . import launch_plan as _plan
+
 __all__ = ["folded_weights", "coefficients", "wtconv_forward", "weight_partials", "param_grads", "level_sizes",
            "batch_chunks", "TUNING"]
 
@@ -838,9 +840,10 @@ TUNING: dict[str, int] = {
     # 1.24x and input gradient 1.31x / 1.25x at 56 x 56 / 28 x 28; wgrad_unroll 1.06x / 1.20x.
     "syn1": 1, "wgrad_unroll": 1,
     # wgrad_pair = 1: the base's and the levels' weight-gradient walks in one launch (_wgrad_pair_kernel), a launch
-    # less per backward, whose programs all carry the levels' register count; 0: two launches. Opt-in until the
-    # H200 A/B (bench_layer.py --variants wgrad_pair=1) decides: its timing runs were cut (results/h200/s22).
-    "wgrad_pair": 0,
+    # less per backward, whose programs all carry the levels' register count; 0: two launches. H200, bf16, B=128,
+    # CUDA time per fwd + bwd by the profiler (profile_layer.py --tuning, session 24, one run): 1.461 / 0.761 /
+    # 0.478 / 0.316 ms against 1.516 / 0.762 / 0.485 / 0.319 at 56 / 28 / 14 / 7 (never slower, 3.6 % less at 56).
+    "wgrad_pair": 1,
     # Maps of at most small_max rows and columns run a whole pass in one launch (small_kernels.py): a program per
     # image and small_bc channels, small_warps warps, strips of small_bw columns, small_chunk positions per
     # analysis / synthesis step. 0: never. H200, bf16, B=128 (results/h200/summary.md, session 18): forward /
@@ -943,8 +946,11 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
 
         wrap_triton(fn)[grid](*args, **consts, num_warps=warps)
         return
+    rec = _plan.recording()
     if not _FAST_LAUNCH:
         fn[grid](*args, **consts, num_warps=warps)
+        if rec is not None:
+            rec.launch(functools.partial(fn[grid], **consts, num_warps=warps), args)
         return
     fid = id(fn)
     names = _CONST_NAMES.get(fid)
@@ -969,10 +975,24 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
         kernel = fn[grid](*args, **consts, num_warps=warps)
         if not all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata", "__getitem__")):
             _FAST_LAUNCH = False  # a Triton whose launch returns something else: stay on its path
-        elif len(_COMPILED) < _MAX_KEPT:
+            if rec is not None:
+                rec.launch(functools.partial(fn[grid], **consts, num_warps=warps), args)
+            return
+        if len(_COMPILED) < _MAX_KEPT:
             _COMPILED[key] = kernel
+        if rec is not None:
+            rec.launch(kernel[(grid[0], grid[1], grid[2] if len(grid) > 2 else 1)], (*args, *cvals))
         return
-    kernel[(grid[0], grid[1], grid[2] if len(grid) > 2 else 1)](*args, *cvals)
+    runner = kernel[(grid[0], grid[1], grid[2] if len(grid) > 2 else 1)]
+    runner(*args, *cvals)
+    if rec is not None:  # a launch plan keeps the launcher bound to its grid (launch_plan.py)
+        rec.launch(runner, (*args, *cvals))
+
+
+def tuning_state() -> tuple:
+    """Everything in the tuning tables and launch-path switches that a pass's launches read: part of the key of
+    its launch plan (launch_plan.py), so that changing a table never replays launches made under another."""
+    return (tuple(TUNING.items()), _FAST_LAUNCH, _mma.ENABLED, tuple(_mma.MMA_TUNING.items()))
 
 
 @functools.cache  # called on every launch; a handful of (C, cap) pairs per model
@@ -1062,7 +1082,7 @@ def _analyse(maps: tuple[Tensor, ...], levels: int) -> tuple[Tensor, ...]:
     bsz, ch, h, w = maps[0].shape
     sizes = level_sizes(h, w, levels)
     offs = _offsets(bsz, ch, h, w, levels)
-    bufs = tuple(torch.empty((offs[-1],), device=m.device, dtype=m.dtype) for m in maps)
+    bufs = tuple(_plan.empty((offs[-1],), m.dtype, m.device) for m in maps)
     bc = _block_c(ch, TUNING["patch_bc"])
     srcs, src_off, pix = maps, 0, ch
     for first, nl in _chunks(levels):
@@ -1093,9 +1113,9 @@ def folded_weights(
     ch, k, levels = weight.shape[0], weight.shape[-1], wavelet_weight.shape[0]
     acc = _acc_dtype(round_to or weight.dtype)
     dev = weight.device
-    base = torch.empty((k, k, ch), device=dev, dtype=acc)
-    fb = None if bias is None else torch.empty((ch,), device=dev, dtype=acc)
-    lev = torch.empty((levels, k, k, 4, ch), device=dev, dtype=acc)
+    base = _plan.empty((k, k, ch), acc, dev)
+    fb = None if bias is None else _plan.empty((ch,), acc, dev)
+    lev = _plan.empty((levels, k, k, 4, ch), acc, dev)
     bc = _block_c(ch, 64)
     _launch(
         _fold_kernel, (_cdiv(ch, bc), levels + 1),
@@ -1137,7 +1157,7 @@ def wtconv_forward(
             coef = coefficients(x, levels)
         sizes = level_sizes(h, w, levels)
         offs = _offsets(bsz, ch, h, w, levels)
-        filt = torch.empty_like(coef)
+        filt = _plan.empty(coef.shape, coef.dtype, coef.device)
         _conv_launch(coef, coef, filt, level_w, level_w, h, w, bsz, 4 * ch, k, levels, 1, False, False, flip)
         pbc = _block_c(ch, TUNING["patch_bc"])
         for first, nl in reversed(_chunks(levels, 2 if syn1 else 1)):  # coarse to fine
@@ -1181,9 +1201,9 @@ def _small_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor]
     n = _offsets(bsz, ch, h, w, levels)[-1]
     given = coef is not None  # the input gradient: dy's coefficients, computed for the weight gradients
     if given:
-        filt, filt_off = torch.empty_like(coef), 0
+        filt, filt_off = _plan.empty(coef.shape, coef.dtype, coef.device), 0
     else:
-        coef = filt = torch.empty((2 * n,), device=x.device, dtype=x.dtype)
+        coef = filt = _plan.empty((2 * n,), x.dtype, x.device)
         filt_off = n
     bc = _block_c(ch, TUNING["small_bc"])
     _launch(
@@ -1254,9 +1274,9 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     bc = _block_c(ch, TUNING["wgrad_bc"])
     unroll = bool(TUNING["wgrad_unroll"])
     if parts is None:
-        base = torch.empty((groups * _cdiv(w, bw), tp, ch), device=x.device, dtype=acc)
-        lev = torch.empty((_level_programs(h, w, levels, bw, groups), tp, 4 * ch), device=x.device,
-                          dtype=acc) if levels else base
+        base = _plan.empty((groups * _cdiv(w, bw), tp, ch), acc, x.device)
+        lev = _plan.empty((_level_programs(h, w, levels, bw, groups), tp, 4 * ch), acc,
+                          x.device) if levels else base
     else:
         base, lev = parts[0], parts[1]
     spans = (first // imgs, groups)
@@ -1307,7 +1327,7 @@ def _mma_weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_d
     t = _mma.MMA_TUNING
     tp = _pow2(k * k + 1)
     opd = _mma.operand_dtype(x.dtype)[1]
-    base = torch.empty((_mma.mma_programs(w, k, bsz), tp, ch), device=x.device, dtype=torch.float32)
+    base = _plan.empty((_mma.mma_programs(w, k, bsz), tp, ch), torch.float32, x.device)
     _launch(
         _mma._mma_wgrad_kernel, (base.shape[0], _cdiv(ch, t["wgrad_bc"])), (x, dy, base, h, w, bsz),
         t["wgrad_warps"], CC=ch, K=k, TP=tp, LEVELS=0, BC=t["wgrad_bc"], DSUM=True, OPD=opd,
@@ -1315,7 +1335,7 @@ def _mma_weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_d
     if not levels:
         return base, base, k
     rows = _mma.mma_level_programs(h, w, levels, k, bsz)
-    lev = torch.empty((rows, tp, 4 * ch), device=x.device, dtype=torch.float32)
+    lev = _plan.empty((rows, tp, 4 * ch), torch.float32, x.device)
     _launch(
         _mma._mma_wgrad_kernel, (rows, _cdiv(4 * ch, t["wgrad_bc"])), (coef_x, coef_dy, lev, h, w, bsz),
         t["wgrad_warps"], CC=4 * ch, K=k, TP=tp, LEVELS=levels, BC=t["wgrad_bc"], DSUM=False, OPD=opd,
@@ -1337,11 +1357,10 @@ def param_grads(
     ch, k, levels = weight.shape[0], weight.shape[-1], wavelet_weight.shape[0]
     weight, base_scale = weight.contiguous(), base_scale.contiguous()
     wavelet_weight, wavelet_scale = wavelet_weight.contiguous(), wavelet_scale.contiguous()
-    d_weight = torch.empty_like(weight)
-    d_bias = torch.empty_like(bias if bias is not None else base_scale, memory_format=torch.contiguous_format)
-    d_base_scale = torch.empty_like(base_scale)
-    d_ww = torch.empty_like(wavelet_weight)
-    d_ws = torch.empty_like(wavelet_scale)
+    d_weight, d_base_scale, d_ww, d_ws = (_plan.empty(p.shape, p.dtype, p.device)
+                                          for p in (weight, base_scale, wavelet_weight, wavelet_scale))
+    like = bias if bias is not None else base_scale  # a missing bias's gradient: the one a zero bias would get
+    d_bias = _plan.empty(like.shape, like.dtype, like.device)
     # A program per channel block and group (the base, every level's subbands), each summing its partial rows a
     # block of rows at a time: the loop waits on memory once per block, not once per row.
     bc = _block_c(ch, 32)

@@ -66,8 +66,32 @@ def _in_format_of(t: Tensor, x: Tensor) -> Tensor:
 
 
 if TRITON_AVAILABLE:
+    from . import launch_plan as _plan
+    from . import triton_kernels as _tk
     from .triton_kernels import (batch_chunks, coefficient_pair, folded_weights, param_grads, weight_partials,
                                  wtconv_forward)
+
+    def _planned(core, inputs: tuple, *consts):
+        """``core(*inputs, *consts)``, replayed from its launch plan after the first call of a signature
+        (launch_plan.py); never while a triton_op body is traced."""
+        key = None
+        if _plan.ENABLED and not _tk._TRACED.on:
+            # The current device (Triton's compiled kernels are per device; the interpreter's CPU tensors: none).
+            dev = _tk._device_index() if inputs[0].is_cuda else None
+            key = (core, _plan.signature(*inputs), consts, _tk.tuning_state(), dev)
+        return _plan.planned(key, core, inputs, *consts)
+
+    def _forward_core(
+        xc: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
+        wavelet_scale: Tensor, stride: int, round_to: Optional[torch.dtype],
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(y, folded base kernels, folded level kernels) of the channels-last ``xc``, y channels-last."""
+        out = _plan.empty(_output_shape(xc, stride), xc.dtype, xc.device, torch.channels_last)
+        base_w, base_b, level_w = folded_weights(weight, bias, base_scale, wavelet_weight, wavelet_scale, round_to)
+        # A large map's pass runs in chunks of images, so that its coefficient buffers stay small (batch_chunks).
+        for b0, b1 in batch_chunks(xc, wavelet_weight.shape[0], weight.shape[-1]):
+            wtconv_forward(_images(xc, b0, b1), _images(out, b0, b1), base_w, base_b, level_w, stride)
+        return out, base_w, level_w
 
     def _forward_impl(
         x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
@@ -76,29 +100,18 @@ if TRITON_AVAILABLE:
         """y in x's memory format, and the folded base and level kernels (for the backward). ``round_to``: the
         autocast dtype the parameters are rounded to on the fly (eager mode), or None."""
         # The kernels work on channels-last data (wide channel vectors); NCHW input costs one copy each way.
-        out = torch.empty(_output_shape(x, stride), device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
-        base_w, base_b, level_w = folded_weights(weight, bias, base_scale, wavelet_weight, wavelet_scale, round_to)
-        xc = _channels_last(x)
-        # A large map's pass runs in chunks of images, so that its coefficient buffers stay small (batch_chunks).
-        for b0, b1 in batch_chunks(xc, wavelet_weight.shape[0], weight.shape[-1]):
-            wtconv_forward(_images(xc, b0, b1), _images(out, b0, b1), base_w, base_b, level_w, stride)
+        out, base_w, level_w = _planned(_forward_core, (_channels_last(x), weight, bias, base_scale, wavelet_weight,
+                                                        wavelet_scale), stride, round_to)
         return _in_format_of(out, x), base_w, level_w
 
-    def _backward_impl(
-        dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
-        wavelet_scale: Tensor, stride: int, base_w: Tensor, level_w: Tensor, round_to: Optional[torch.dtype] = None,
+    def _backward_core(
+        dy: Tensor, xc: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
+        wavelet_scale: Tensor, base_w: Tensor, level_w: Tensor, round_to: Optional[torch.dtype],
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """(dx, d weight, d bias, d base_scale, d wavelet_weight, d wavelet_scale); d bias is for a zero bias when
-        ``bias`` is None. ``base_w`` / ``level_w`` are the forward's folded kernels."""
-        bsz, ch, h, w = x.shape
+        """The backward of a stride-1 pass over channels-last ``xc`` and ``dy``: (dx channels-last, the parameters'
+        gradients)."""
         levels, k = wavelet_weight.shape[0], weight.shape[-1]
-        if stride > 1:
-            # The stride subsamples the full-resolution output: its adjoint scatters dy back onto zeros.
-            dy_full = torch.zeros((bsz, h, w, ch), device=dy.device, dtype=dy.dtype).permute(0, 3, 1, 2)
-            dy_full[:, :, ::stride, ::stride] = dy
-            dy = dy_full
-        dy = _channels_last(dy)
-        xc = _channels_last(x)
+        bsz = xc.shape[0]
         dx: Optional[Tensor] = None
         parts = grads = None
         # Chunk by chunk of images (one chunk unless TUNING chunk_kb bounds the workspace, batch_chunks), into one
@@ -112,15 +125,30 @@ if TRITON_AVAILABLE:
             parts = weight_partials(xs, dys, coef_x, coef_dy, k, levels, parts, b0, bsz)
             del coef_x
             if i == len(chunks) - 1:
-                grads = param_grads(parts, tuple(x.shape), weight, bias, base_scale, wavelet_weight, wavelet_scale,
+                grads = param_grads(parts, tuple(xc.shape), weight, bias, base_scale, wavelet_weight, wavelet_scale,
                                     round_to)
                 parts = None
             if dx is None:
-                dx = torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
+                dx = _plan.empty(tuple(xc.shape), xc.dtype, xc.device, torch.channels_last)
             # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
             wtconv_forward(dys, _images(dx, b0, b1), base_w, None, level_w, 1, flip=True, coef=coef_dy)
             del coef_dy
-        del xc
+        return (dx, *grads)
+
+    def _backward_impl(
+        dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
+        wavelet_scale: Tensor, stride: int, base_w: Tensor, level_w: Tensor, round_to: Optional[torch.dtype] = None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """(dx, d weight, d bias, d base_scale, d wavelet_weight, d wavelet_scale); d bias is for a zero bias when
+        ``bias`` is None. ``base_w`` / ``level_w`` are the forward's folded kernels."""
+        bsz, ch, h, w = x.shape
+        if stride > 1:
+            # The stride subsamples the full-resolution output: its adjoint scatters dy back onto zeros.
+            dy_full = torch.zeros((bsz, h, w, ch), device=dy.device, dtype=dy.dtype).permute(0, 3, 1, 2)
+            dy_full[:, :, ::stride, ::stride] = dy
+            dy = dy_full
+        dx, *grads = _planned(_backward_core, (_channels_last(dy), _channels_last(x), weight, bias, base_scale,
+                                               wavelet_weight, wavelet_scale, base_w, level_w), round_to)
         return (_in_format_of(dx, x), *grads)
 
     def _refolded_backward(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):

@@ -1,0 +1,159 @@
+"""Launch plans (wtconvnext/ops/launch_plan.py): a pass recorded once per signature and replayed.
+
+The bookkeeping (slots, outputs, frees, what cannot be replayed) is checked with stand-in launchers; the replay of
+the real kernels against the ordinary path, bitwise, under Triton's interpreter on CPU or on a GPU (marked
+``triton``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first decorated
+
+from wtconvnext.ops import launch_plan  # noqa: E402
+from wtconvnext.ops import wtconv2d  # noqa: E402
+
+
+def _pass(calls: list):
+    """A stand-in pass: two buffers, three launches (the first buffer's last use is the second launch)."""
+
+    def launch(name):
+        return lambda *args: calls.append((name, args))
+
+    def core(x, w, k):
+        rec = launch_plan.recording()
+        a = launch_plan.empty((4,), torch.float32, x.device)
+        b = launch_plan.empty((2, 3), torch.float32, x.device)
+        for name, args in (("k0", (x, a, k)), ("k1", (a, w, None)), ("k2", (b, x, 7))):
+            launch(name)(*args)
+            if rec is not None:
+                rec.launch(launch(name), args)
+        return b, None
+
+    return core
+
+
+def test_plan_replays_launches_with_this_calls_tensors():
+    calls: list = []
+    core = _pass(calls)
+    x, w = torch.zeros(3), torch.ones(2)
+    b0, none = launch_plan.planned(("k",), core, (x, w), 5)  # recorded while run the ordinary way
+    assert none is None and b0.shape == (2, 3)
+    plan = launch_plan._PLANS[("k",)]
+    kinds = [op[0] for op in plan.ops]
+    # allocations in order, the first buffer dropped right after its last launch, the output kept
+    assert kinds == [launch_plan._ALLOC, launch_plan._ALLOC, launch_plan._LAUNCH, launch_plan._LAUNCH,
+                     launch_plan._FREE, launch_plan._LAUNCH], kinds
+    calls.clear()
+    x2, w2 = torch.zeros(3), torch.ones(2)
+    b1, none = launch_plan.planned(("k",), core, (x2, w2), 5)
+    assert [c[0] for c in calls] == ["k0", "k1", "k2"]
+    (_, a0), (_, a1), (_, a2) = calls
+    assert a0[0] is x2 and a0[2] == 5 and a1[1] is w2 and a1[2] is None and a2[1] is x2 and a2[2] == 7
+    assert a0[1] is a1[0] and a0[1] is not b1 and a2[0] is b1  # one buffer per slot, the output returned
+    assert b1 is not b0 and none is None
+
+
+def test_pass_with_a_foreign_tensor_is_not_replayed():
+    calls: list = []
+    x = torch.zeros(3)
+
+    def core(x):
+        rec = launch_plan.recording()
+        view = x[1:]  # a tensor the pass made without launch_plan.empty
+        calls.append("k")
+        if rec is not None:
+            rec.launch(lambda *a: calls.append("k"), (view,))
+        return (x,)
+
+    launch_plan.planned(("v",), core, (x,))
+    assert launch_plan._PLANS[("v",)] is None
+    calls.clear()
+    launch_plan.planned(("v",), core, (x,))
+    assert calls == ["k"]  # ran the ordinary way (the pass itself launched once)
+
+
+def test_one_tensor_as_two_inputs_is_not_replayed():
+    x = torch.zeros(3)
+    launch_plan.planned(("d",), lambda a, b: (a,), (x, x))
+    assert launch_plan._PLANS[("d",)] is None
+
+
+def test_no_key_or_disabled_runs_the_pass(monkeypatch):
+    x = torch.zeros(3)
+    launch_plan.planned(None, lambda a: (a,), (x,))
+    monkeypatch.setattr(launch_plan, "ENABLED", False)
+    launch_plan.planned(("e",), lambda a: (a,), (x,))
+    assert not launch_plan._PLANS
+
+
+def _grads(x, params, dy, stride=1):
+    xs = x.detach().clone().requires_grad_()
+    ps = [p.detach().clone().requires_grad_() if p is not None else None for p in params]
+    y = wtconv2d(xs, *ps, stride=stride, backend="triton")
+    y.backward(dy)
+    return [y, xs.grad] + [p.grad for p in ps if p is not None]
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("h, w, levels, stride, bias, small_max, dtype", [
+    (11, 9, 2, 1, True, 0, torch.float32),     # multi-launch passes
+    (7, 6, 2, 1, False, 16, torch.bfloat16),   # one-launch passes of a small map, no bias
+    (12, 9, 2, 2, True, 0, torch.float32),     # stride: dy scattered outside the plan
+])
+def test_replay_is_bitwise_the_ordinary_path(h, w, levels, stride, bias, small_max, dtype, monkeypatch):
+    from wtconvnext.ops import triton_kernels as tk
+
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max})
+    g = torch.Generator().manual_seed(3)
+    c, k = 6, 3
+
+    def r(*shape):
+        return (torch.rand(*shape, generator=g) - 0.5).to(DEVICE, dtype)
+
+    params = [r(c, 1, k, k), r(c) if bias else None, 1 + r(c), r(levels, c, 4, k, k), r(levels, c, 4)]
+    x = r(2, c, h, w).contiguous(memory_format=torch.channels_last)
+    ho, wo = -(-h // stride), -(-w // stride)
+    dy = r(2, c, ho, wo).contiguous(memory_format=torch.channels_last)
+    monkeypatch.setattr(launch_plan, "ENABLED", False)
+    ordinary = _grads(x, params, dy, stride)
+    monkeypatch.setattr(launch_plan, "ENABLED", True)
+    recorded = _grads(x, params, dy, stride)
+    plans = dict(launch_plan._PLANS)
+    assert len(plans) == 2 and all(p is not None for p in plans.values())  # the forward's and the backward's
+    replayed = _grads(x, params, dy, stride)
+    x_nchw = x.contiguous()  # another input layout: the same plans (the kernels see channels-last copies)
+    nchw = _grads(x_nchw, params, dy.contiguous(), stride)
+    assert launch_plan._PLANS == plans
+    for got in (recorded, replayed, nchw):
+        for a, b in zip(got, ordinary):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.triton
+def test_changed_tuning_records_a_new_plan(monkeypatch):
+    """A plan is keyed by the tuning tables: a pass under other launch shapes is recorded anew, not replayed."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    names: list[str] = []
+    launch = tk._launch
+    monkeypatch.setattr(tk, "_launch", lambda fn, *a, **kw: (names.append(fn.__name__), launch(fn, *a, **kw)))
+    x = torch.randn(1, 4, 7, 7, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    params = [torch.randn(4, 1, 3, 3, device=DEVICE), None, torch.ones(4, device=DEVICE),
+              torch.randn(2, 4, 4, 3, 3, device=DEVICE), torch.ones(2, 4, 4, device=DEVICE)]
+    seen = []
+    with torch.no_grad():
+        for small_max in (16, 16, 0):
+            monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max})
+            del names[:]
+            wtconv2d(x, *params, backend="triton")
+            seen.append(list(names))
+    # recorded (one launch), replayed (past _launch), recorded anew under the other table (multi-launch)
+    assert "_small_kernel" in seen[0] and seen[1] == [] and "_analysis_kernel" in seen[2], seen
+    assert len(launch_plan._PLANS) == 2

@@ -1,0 +1,177 @@
+"""Launch plans: a pass's allocations and kernel launches recorded once per call signature, then replayed.
+
+A WTConv pass is a fixed sequence of 2-12 launches whose grids, integer arguments and buffer sizes depend only on
+the sizes, dtypes, strides and alignment of its inputs, the tuning tables and the device. Working them out again
+on every call (shape arithmetic, launch-shape choices, the kept-kernel lookup of every launch) cost about as much
+host time as the launches themselves; at small maps and batches the layer waited on the host, not on the GPU. So
+:func:`planned` runs a pass the ordinary way the first time a signature is seen, records what it did, and from
+then on replays the record: allocate each buffer just before its first use, launch each kernel with the recorded
+constants and this call's tensors, drop each intermediate after its last use (the caching allocator reuses it at
+once, as the ordinary path's ``del`` did).
+
+A record holds no tensors, only slots: the pass's inputs and the buffers it allocated through :func:`empty`. A
+pass that hands a kernel any other tensor (a view, a copy made inside the pass: chunked passes, non-contiguous
+parameters) cannot be replayed; its signature is remembered as such and it always runs the ordinary way.
+``WTCONVNEXT_LAUNCH_PLANS=0`` (read at import; or ``ENABLED = False``) turns replay off.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["ENABLED", "empty", "planned", "recording", "clear"]
+
+ENABLED = os.environ.get("WTCONVNEXT_LAUNCH_PLANS", "1") != "0"
+_MAX_PLANS = 1024  # signatures are exact sizes: bound the table for workloads of ever-new shapes
+
+_ALLOC, _LAUNCH, _FREE = 0, 1, 2
+
+
+class _Recorder:
+    """Collects one pass: its allocations and launches, in order, with every tensor argument as a slot."""
+
+    def __init__(self, inputs: Sequence[Optional[Tensor]]) -> None:
+        self.slots = {id(t): i for i, t in enumerate(inputs) if t is not None}
+        self.alive: list[Any] = list(inputs)  # every recorded tensor stays alive, so no id is reused meanwhile
+        self.ops: list[tuple] = []
+        self.n = len(inputs)
+        # A tensor passed as two inputs would map to one slot: a later call passing two tensors there could not
+        # be told apart by the key, so such a pass is not replayed.
+        self.ok = len(self.slots) == sum(t is not None for t in inputs)
+
+    def alloc(self, t: Tensor, shape: tuple[int, ...], dtype: torch.dtype, fmt: torch.memory_format) -> None:
+        self.slots[id(t)] = self.n
+        self.alive.append(t)
+        self.ops.append((_ALLOC, self.n, shape, dtype, fmt))
+        self.n += 1
+
+    def launch(self, call: Callable[..., Any], args: Sequence[Any]) -> None:
+        template, tensors = list(args), []
+        for pos, a in enumerate(args):
+            if isinstance(a, Tensor):
+                slot = self.slots.get(id(a))
+                if slot is None:  # a tensor the pass made without empty(): not replayable
+                    self.ok = False
+                    return
+                template[pos] = None
+                tensors.append((pos, slot))
+        self.ops.append((_LAUNCH, call, template, tuple(tensors)))
+
+    def finish(self, outputs: Sequence[Optional[Tensor]]) -> Optional["_Plan"]:
+        if not self.ok:
+            return None
+        outs = []
+        for t in outputs:
+            if t is None:
+                outs.append(-1)
+            elif id(t) in self.slots:
+                outs.append(self.slots[id(t)])
+            else:
+                return None
+        return _Plan(self.ops, self.n, tuple(outs))
+
+
+class _Plan:
+    """A recorded pass: allocations, launches and frees over numbered slots (inputs first)."""
+
+    def __init__(self, ops: list[tuple], n: int, outs: tuple[int, ...]) -> None:
+        keep = set(outs)
+        last: dict[int, int] = {}
+        for i, op in enumerate(ops):
+            if op[0] == _LAUNCH:
+                for _, slot in op[3]:
+                    last[slot] = i
+        n_in = n - sum(op[0] == _ALLOC for op in ops)
+        frees: dict[int, list[int]] = {}
+        for slot, i in last.items():
+            if slot >= n_in and slot not in keep:  # an intermediate buffer: dropped after its last launch
+                frees.setdefault(i, []).append(slot)
+        self.ops: list[tuple] = []
+        for i, op in enumerate(ops):
+            self.ops.append(op)
+            for slot in frees.get(i, ()):
+                self.ops.append((_FREE, slot))
+        self.n, self.outs = n, outs
+
+    def run(self, inputs: Sequence[Optional[Tensor]], device: torch.device) -> tuple[Optional[Tensor], ...]:
+        slots: list[Any] = [*inputs, *([None] * (self.n - len(inputs)))]
+        empty_ = torch.empty
+        for op in self.ops:
+            kind = op[0]
+            if kind == _LAUNCH:
+                args = op[2].copy()
+                for pos, slot in op[3]:
+                    args[pos] = slots[slot]
+                op[1](*args)
+            elif kind == _ALLOC:
+                slots[op[1]] = empty_(op[2], dtype=op[3], device=device, memory_format=op[4])
+            else:
+                slots[op[1]] = None
+        return tuple(None if s < 0 else slots[s] for s in self.outs)
+
+
+class _State(threading.local):
+    rec: Optional[_Recorder] = None  # a class default: every thread starts with no recording
+
+
+_STATE = _State()
+_PLANS: dict[tuple, Optional[_Plan]] = {}
+
+
+def recording() -> Optional[_Recorder]:
+    """The recorder of the pass now being recorded on this thread, or None (read by the kernel launcher)."""
+    return _STATE.rec
+
+
+def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+          memory_format: torch.memory_format = torch.contiguous_format) -> Tensor:
+    """``torch.empty`` for a pass's buffers and outputs: a recorded allocation while a plan is being recorded."""
+    t = torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format)
+    rec = _STATE.rec
+    if rec is not None:
+        rec.alloc(t, tuple(shape), dtype, memory_format)
+    return t
+
+
+def signature(*tensors: Optional[Tensor]) -> tuple:
+    """What a pass's launches may depend on in its tensor inputs: sizes, strides, dtype, 16-byte alignment."""
+    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() & 15) for t in tensors)
+
+
+def planned(key: Optional[tuple], fn: Callable[..., Sequence[Optional[Tensor]]],
+            inputs: Sequence[Optional[Tensor]], *consts: Any) -> tuple[Optional[Tensor], ...]:
+    """``fn(*inputs, *consts)`` (a tuple of tensors or None), replayed from its plan when ``key`` has one.
+
+    ``key`` must determine every launch of the pass given the inputs' :func:`signature` (the caller includes it,
+    with ``consts``, the tuning tables and the device); None: run ``fn`` without a plan. The first call of a key
+    records the pass while running it the ordinary way."""
+    if key is None or not ENABLED:
+        return tuple(fn(*inputs, *consts))
+    try:
+        plan = _PLANS[key]
+    except KeyError:
+        pass
+    else:
+        if plan is None:  # seen before, not replayable
+            return tuple(fn(*inputs, *consts))
+        return plan.run(inputs, inputs[0].device)
+    if _STATE.rec is not None:  # a pass inside a pass being recorded: part of the outer record
+        return tuple(fn(*inputs, *consts))
+    rec = _STATE.rec = _Recorder(inputs)
+    try:
+        out = tuple(fn(*inputs, *consts))
+    finally:
+        _STATE.rec = None
+    if len(_PLANS) < _MAX_PLANS:
+        _PLANS[key] = rec.finish(out)
+    return out
+
+
+def clear() -> None:
+    """Forget every plan (after swapping kernels or launchers, e.g. in tests and benchmarks)."""
+    _PLANS.clear()
