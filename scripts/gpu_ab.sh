@@ -40,8 +40,9 @@ if [[ "$what" == *warm* ]]; then
   # Compile the layer's kernel specialisations for the steps below in parallel processes (warm_kernels.py): one
   # process compiling them one after another spent the steps' time limits (session 22). In the background, beside
   # the tests' own compiles; the benchmarks wait for it.
-  timeout 240 "$py" benchmarks/warm_kernels.py --jobs "${WARM_JOBS:-10}" --batches 128 --dtypes bf16 \
-    --group="--batches 1 --dtypes bf16 --modes train" \
+  # WARM_VARIANTS: TUNING entries whose specialisations are compiled too (e.g. "pgrad_bc=8 pgrad_bc=16").
+  timeout "${WARM_LIMIT:-240}" "$py" benchmarks/warm_kernels.py --jobs "${WARM_JOBS:-10}" --batches 128 --dtypes bf16 \
+    --modes train ${WARM_VARIANTS:+--variants $WARM_VARIANTS} --group="--batches 1 --dtypes bf16 --modes train" \
     --group="--batches 128 --dtypes amp fp32 --modes train" --group="--batches 256 --dtypes amp fp32 --modes infer" \
     > "$out/warm.txt" 2>&1 &
   warm_pid=$!
@@ -120,8 +121,15 @@ if [[ "$what" == *pair* ]]; then
     --variants wgrad_pair=1 wgrad_pair=0 --impls wtconv_triton_cl dw7_cl wtconv_triton_cl+wgrad_pair=1 \
     wtconv_triton_cl+wgrad_pair=0 dw5_cl --out "$out/layer_pair.json"
 fi
+# The chain-rule kernel's channels per program (TUNING pgrad_bc): CUDA time by kernel at every stage shape.
+if [[ "$what" == *pgrad* ]]; then
+  for t in "" ${PGRAD_VARIANTS:-pgrad_bc=16 pgrad_bc=8}; do
+    step 90 "profile_${t:-default}.txt" "$py" benchmarks/profile_layer.py --shapes 0 1 2 3 --dtypes bf16 --cl \
+      ${t:+--tuning $t}
+  done
+fi
 # The current model table (issue 15), eager: AMP and fp32 training and inference against ConvNeXt-T.
 if [[ "$what" == *eager* ]]; then
-  step 330 model.txt "$py" benchmarks/bench_model.py --sizes tiny --no-compile --out "$out/model.json"
+  step "${EAGER_LIMIT:-330}" model.txt "$py" benchmarks/bench_model.py --sizes tiny --no-compile --out "$out/model.json"
 fi
 exit $rc

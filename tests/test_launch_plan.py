@@ -30,7 +30,7 @@ def _pass(calls: list):
         rec = launch_plan.recording()
         a = launch_plan.empty((4,), torch.float32, x.device)
         b = launch_plan.empty((2, 3), torch.float32, x.device)
-        for name, args in (("k0", (x, a, k)), ("k1", (a, w, None)), ("k2", (b, x, 7))):
+        for name, args in (("k0", (x, a, k)), ("k1", (a, w, None, 0.5, torch.float16)), ("k2", (b, x, 7, True))):
             launch(name)(*args)
             if rec is not None:
                 rec.launch(launch(name), args)
@@ -56,6 +56,7 @@ def test_plan_replays_launches_with_this_calls_tensors():
     assert [c[0] for c in calls] == ["k0", "k1", "k2"]
     (_, a0), (_, a1), (_, a2) = calls
     assert a0[0] is x2 and a0[2] == 5 and a1[1] is w2 and a1[2] is None and a2[1] is x2 and a2[2] == 7
+    assert a1[3] == 0.5 and a1[4] is torch.float16 and a2[3] is True  # constants of any type, as recorded
     assert a0[1] is a1[0] and a0[1] is not b1 and a2[0] is b1  # one buffer per slot, the output returned
     assert b1 is not b0 and none is None
 

@@ -324,7 +324,7 @@ def test_coefficients_are_the_haar_subbands(dtype):
 
 
 @pytest.mark.parametrize("tuning", [
-    dict(conv_bw=1, conv_bc=2, wgrad_bw=2, wgrad_bc=2, wgrad_imgs=1, patch_chunk=1, patch_bc=2),
+    dict(conv_bw=1, conv_bc=2, wgrad_bw=2, wgrad_bc=2, wgrad_imgs=1, patch_chunk=1, patch_bc=2, pgrad_bc=2),
     dict(conv_bw=11, conv_bc=16, wgrad_bw=9, wgrad_bc=16, wgrad_imgs=3, patch_chunk=256, patch_bc=4),
     dict(conv_bw=2, syn1=1),  # level 1 synthesised by the base convolution, strips of one 2 x 2 block
     # Odd strips: syn1 does not apply, the synthesis launch does level 1.

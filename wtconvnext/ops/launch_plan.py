@@ -97,22 +97,44 @@ class _Plan:
             for slot in frees.get(i, ()):
                 self.ops.append((_FREE, slot))
         self.n, self.outs = n, outs
+        self._run = self._compiled(n_in)
+
+    def _compiled(self, n_in: int) -> Callable[..., tuple[Optional[Tensor], ...]]:
+        """The plan as one generated Python function: every slot a local variable, every launcher and non-tensor
+        argument bound by name or as a literal, so a replay interprets no op list (the loop over ops cost about as
+        much host time as the allocations it made)."""
+        env: dict[str, Any] = {"_empty": torch.empty}
+        names = [f"s{i}" for i in range(self.n)]
+        lines = ["def run(inputs, device):"]
+        if n_in:
+            lines.append(f"    {', '.join(names[:n_in])}, = inputs")
+        for i, op in enumerate(self.ops):
+            if op[0] == _LAUNCH:
+                env[f"L{i}"] = op[1]
+                args = list(op[2])
+                for pos, slot in op[3]:
+                    args[pos] = names[slot]
+                for pos, a in enumerate(op[2]):
+                    if pos in dict(op[3]):
+                        continue
+                    if a is None or type(a) in (int, bool):  # exact types: their repr is the value
+                        args[pos] = repr(a)
+                    else:
+                        env[f"a{i}_{pos}"] = a
+                        args[pos] = f"a{i}_{pos}"
+                lines.append(f"    L{i}({', '.join(args)})")
+            elif op[0] == _ALLOC:
+                env[f"shape{i}"], env[f"dtype{i}"], env[f"fmt{i}"] = op[2], op[3], op[4]
+                lines.append(f"    {names[op[1]]} = _empty(shape{i}, dtype=dtype{i}, device=device, "
+                             f"memory_format=fmt{i})")
+            else:
+                lines.append(f"    {names[op[1]]} = None")
+        lines.append(f"    return ({''.join(('None' if s < 0 else names[s]) + ', ' for s in self.outs)})")
+        exec(compile("\n".join(lines), "<launch plan>", "exec"), env)  # noqa: S102 (our own generated source)
+        return env["run"]
 
     def run(self, inputs: Sequence[Optional[Tensor]], device: torch.device) -> tuple[Optional[Tensor], ...]:
-        slots: list[Any] = [*inputs, *([None] * (self.n - len(inputs)))]
-        empty_ = torch.empty
-        for op in self.ops:
-            kind = op[0]
-            if kind == _LAUNCH:
-                args = op[2].copy()
-                for pos, slot in op[3]:
-                    args[pos] = slots[slot]
-                op[1](*args)
-            elif kind == _ALLOC:
-                slots[op[1]] = empty_(op[2], dtype=op[3], device=device, memory_format=op[4])
-            else:
-                slots[op[1]] = None
-        return tuple(None if s < 0 else slots[s] for s in self.outs)
+        return self._run(inputs, device)
 
 
 class _State(threading.local):

@@ -854,10 +854,15 @@ TUNING: dict[str, int] = {
     # A pass over a larger map runs in chunks of images whose two coefficient buffers (x's and dy's) take at most
     # chunk_kb KiB (batch_chunks): the layer's workspace is then bounded, not 8/3 x its input. 0: one chunk.
     "chunk_kb": 0,
+    # The chain-rule kernel (param_grads): channels per program, each program summing all partial rows of its
+    # group for them (the same sums bit for bit at any value). H200, bf16, B=128, CUDA time by the profiler
+    # (profile_layer.py --tuning, session 25, one run), 8 against 32 channels: 0.014 / 0.010 / 0.009 / 0.012 ms
+    # against 0.052 / 0.029 / 0.019 / 0.020 at 56 / 28 / 14 / 7 (32 left 3 x 21 programs at 56 x 56, latency-bound).
+    "pgrad_bc": 8,
 }
 _FLAG_KEYS = ("syn1", "wgrad_unroll", "wgrad_pair")  # 0 or 1, not sizes
 _ZERO_KEYS = ("small_max", "chunk_kb")  # 0 turns the path off
-_POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk")
+_POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc")
 
 def _tuning_from_env() -> None:
     path = os.environ.get("WTCONVNEXT_TUNING")
@@ -1363,7 +1368,7 @@ def param_grads(
     d_bias = _plan.empty(like.shape, like.dtype, like.device)
     # A program per channel block and group (the base, every level's subbands), each summing its partial rows a
     # block of rows at a time: the loop waits on memory once per block, not once per row.
-    bc = _block_c(ch, 32)
+    bc = _block_c(ch, TUNING["pgrad_bc"])
     tp = bpart.shape[1]
     _launch(
         _param_grads_kernel, (_cdiv(ch, bc), 1 + 4 * levels),
