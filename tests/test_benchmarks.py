@@ -141,7 +141,7 @@ def test_bench_model_runs_every_task(tmp_path: Path) -> None:
     assert all(r["graphs"] >= 1 and len(r["ms_per_size"]) == 3 for r in rows if r["task"] == "multiscale")
 
 
-def test_host_cpu_times_both_modes_on_a_tiny_shape(tmp_path: Path) -> None:
+def test_host_cpu_times_every_mode_on_a_tiny_shape(tmp_path: Path) -> None:
     """The host-cost script end to end on the CPU (a subprocess: it switches Triton's interpreter on before
     importing wtconvnext, which must not leak into this process): a row per mode with positive medians over the
     requested iterations, and the table printed."""
@@ -151,11 +151,11 @@ def test_host_cpu_times_both_modes_on_a_tiny_shape(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = json.loads(out.read_text())["rows"]
-    assert [r["mode"] for r in rows] == ["stub", "kept"]
+    assert [r["mode"] for r in rows] == ["stub", "kept", "planned"]
     for r in rows:
         assert (r["C"], r["H"], r["levels"], r["iters"]) == (8, 9, 2, 20)
         assert 0 < r["fwd_us"] < r["fwd_bwd_us"], r
-    assert "fwd+bwd us" in proc.stdout and proc.stdout.count("8,   9, 2") == 2
+    assert "fwd+bwd us" in proc.stdout and proc.stdout.count("8,   9, 2") == 3
 
 
 def test_bench_train_reads_the_last_epochs_rate() -> None:
