@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import compile_sm90, write_json  # noqa: E402
 
-KERNELS = ["conv_base", "conv_base_syn1", "conv_levels", "dx_base",
+KERNELS = ["conv_base", "conv_base_syn1", "conv_levels", "dx_base", "small", "small_dx",
            "wgrad_base", "wgrad_levels", "wgrad_levels_unroll", "wgrad_levels_fp32",
            "mma_conv_base", "mma_conv_base_syn1", "mma_conv_levels", "mma_wgrad_base", "mma_wgrad_levels"]
 _INSTR = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[.\s]")
@@ -57,6 +57,16 @@ def _case(name: str, ch: int, dtype: str):
         sig = dict(x_ptr=x, g_ptr=x, part_ptr=f32, H=i32, W=i32, B=i32)
         const = dict(CC=cc, K=5, TP=32, LEVELS=levels, BC=t["wgrad_bc"], DSUM=not levels, OPD=opd)
         return mk._mma_wgrad_kernel, sig, const, t["wgrad_warps"]
+    if name.startswith("small"):  # a small map's whole pass (WTConvNeXt-T stage 3: 14 x 14, 3 levels)
+        from wtconvnext.ops import small_kernels as sk
+
+        dx = name == "small_dx"
+        sig = dict(x_ptr=x, coef_ptr=x, filt_ptr=x, filt_off=i32, y_ptr=x, bw_ptr=f32, bb_ptr=f32, lw_ptr=f32, H=i32,
+                   W=i32, B=i32)
+        const = dict(C=ch, K=5, LEVELS=3, HM=16, WM=16, BW=tun["small_bw"], BC=tk._block_c(ch, tun["small_bc"]),
+                     CHUNK=tun["small_chunk"], STRIDE=1, HAS_BIAS=not dx, FLIP=dx, HAS_COEF=dx, COMPUTE=fp,
+                     SYN1=int(tk._syn1(tun["small_bw"])))
+        return sk._small_kernel, sig, const, tun["small_warps"]
     if name.startswith(("conv", "dx")):
         sig = dict(x_ptr=x, acc_ptr=x, acc2_ptr=x, y_ptr=x, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32, W=i32, B=i32)
         syn1 = name.endswith("syn1")
