@@ -121,11 +121,13 @@ if [[ "$what" == *pair* ]]; then
     --variants wgrad_pair=1 wgrad_pair=0 --impls wtconv_triton_cl dw7_cl wtconv_triton_cl+wgrad_pair=1 \
     wtconv_triton_cl+wgrad_pair=0 dw5_cl --out "$out/layer_pair.json"
 fi
-# The chain-rule kernel's channels per program (TUNING pgrad_bc): CUDA time by kernel at every stage shape.
+# TUNING variants by CUDA time per kernel at every stage shape, each against the defaults in the same call
+# (PGRAD_VARIANTS: space-separated variants, each KEY=V[,KEY=V]; default the chain rule's channels per program).
+# Warm them first (WARM_VARIANTS, the same list).
 if [[ "$what" == *pgrad* ]]; then
   for t in "" ${PGRAD_VARIANTS:-pgrad_bc=16 pgrad_bc=8}; do
     step 90 "profile_${t:-default}.txt" "$py" benchmarks/profile_layer.py --shapes 0 1 2 3 --dtypes bf16 --cl \
-      ${t:+--tuning $t}
+      ${t:+--tuning ${t//,/ }}
   done
 fi
 # The current model table (issue 15), eager: AMP and fp32 training and inference against ConvNeXt-T.
