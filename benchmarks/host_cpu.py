@@ -5,7 +5,7 @@ Usage (any machine; no GPU needed)::
     python benchmarks/host_cpu.py [--out results/host_cpu.json] [--iters 2000] [--shapes 4]
 
 The eager triton backend's host work per layer call is Python and torch: argument checks, autocast and autograd,
-the allocations, layout checks and shape arithmetic around the kernel launches (5 forward and 7 backward; 2 and 5
+the allocations, layout checks and shape arithmetic around the kernel launches (5 forward and 6 backward; 2 and 4
 for maps of at most ``TUNING['small_max']``), and the launches' own bookkeeping. This script times
 ``wtconv2d(..., backend='triton')`` forward + backward on CPU tensors (Triton's interpreter lets the backend take
 them; it is switched on here before wtconvnext is imported) at the WTConvNeXt-T stage shapes, B=1 bf16

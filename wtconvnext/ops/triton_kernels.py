@@ -900,11 +900,12 @@ def _pow2(n: int) -> int:
 
 
 # Launch path. ``kernel[grid](...)`` re-derives the kernel's specialization from every argument on every call
-# (binder, cache key, option parsing, global-variable checks), and a layer launches 15-36 kernels per step. After a
-# kernel's first call through Triton, the compiled kernel is kept under a key at least as fine as what Triton
-# specializes on (tensor dtype and 16-byte alignment; ints by value, where Triton looks at == 1, divisible by 16 and
-# 32-bit range; constexprs; warps; device) and is launched through its own launcher (``CompiledKernel[grid]``, the
-# call Triton's launch ends in). The kernel is keyed by id(): a JITFunction hashes through a locked property.
+# (binder, cache key, option parsing, global-variable checks), and a layer launched 15-36 kernels per step (6-11
+# today). After a kernel's first call through Triton, the compiled kernel is kept under a key at least as fine as
+# what Triton specializes on (tensor dtype and 16-byte alignment; ints by value, where Triton looks at == 1,
+# divisible by 16 and 32-bit range; constexprs; warps; device) and is launched through its own launcher
+# (``CompiledKernel[grid]``, the call Triton's launch ends in). The kernel is keyed by id(): a JITFunction hashes
+# through a locked property.
 # H200: 12-15 % less host time per layer call (results/h200/s12/host.txt; 7-15 % in host_call2.txt).
 # WTCONVNEXT_FAST_LAUNCH=0 (read at import) keeps every launch on Triton's path.
 _FAST_LAUNCH = os.environ.get("WTCONVNEXT_FAST_LAUNCH", "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
