@@ -9,13 +9,16 @@ the allocations, layout checks and shape arithmetic around the kernel launches (
 for maps of at most ``TUNING['small_max']``), and the launches' own bookkeeping. This script times
 ``wtconv2d(..., backend='triton')`` forward + backward on CPU tensors (Triton's interpreter lets the backend take
 them; it is switched on here before wtconvnext is imported) at the WTConvNeXt-T stage shapes, B=1 bf16
-channels_last, in three modes, so that no kernel runs:
+channels_last, in four modes, so that no kernel runs:
 
 - ``stub``: ``triton_kernels._launch`` is a no-op; only the work around the launches is timed;
 - ``kept``: ``_launch`` runs its kept-kernel path (the cache key of every launch and its lookup, as on a GPU) up to
   the compiled kernel's launcher, which is a no-op here (the kernels are stand-ins and the device index is 0);
-- ``planned``: as ``kept``, with launch plans (``launch_plan.py``, the default path): after the first call of a
-  shape, each pass replays its recorded allocations and launches.
+- ``planned``: as ``kept``, with launch plans (``launch_plan.py``): after the first call of a shape, each pass
+  replays its recorded allocations and launches through the kept launchers' runners;
+- ``direct``: as ``planned``, the replay calling the compiled kernels' launchers itself (the default path on a
+  GPU), tensors passed as their data pointers. (The stand-in runner is a bare lambda, cheaper than Triton's, so
+  ``planned`` - ``direct`` here understates what the GPU path saves.)
 
 ``stub`` and ``kept`` run with launch plans off.
 
@@ -52,14 +55,18 @@ from wtconvnext.ops import small_kernels as sk  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
-MODES = ("stub", "kept", "planned")
+MODES = ("stub", "kept", "planned", "direct")
 STAGES = [(96, 56, 56, 5), (192, 28, 28, 4), (384, 14, 14, 3), (768, 7, 7, 2)]  # C, H, W, levels (WTConvNeXt-T)
 
 
 class _NoOpCompiled:
     """Stands in for Triton's compiled kernel: the attributes ``_launch`` checks, and a launcher that does nothing."""
 
-    run = function = packed_metadata = None
+    function = packed_metadata = None
+
+    @staticmethod
+    def run(*args: object) -> None:  # the launcher a direct replay calls
+        return None
 
     def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
         return lambda *args: None
@@ -77,15 +84,17 @@ class _StandInKernel:
 
 @contextlib.contextmanager
 def no_kernels(mode: str) -> Iterator[None]:
-    """Inside: every launch of the fused WTConv does no work (``mode`` 'stub', 'kept' or 'planned', see the module
+    """Inside: every launch of the fused WTConv does no work (``mode`` one of MODES, see the module
     docs)."""
     # Every kernel module: the launchers reach the tensor-core and the small-map kernels through their modules (a
     # real kernel left in place would run in the interpreter, on uninitialised data, for minutes).
     saved_mods = {mod: dict(vars(mod)) for mod in (tk, mk, sk)}
     saved, const_names = saved_mods[tk], dict(tk._CONST_NAMES)
-    plans_on = launch_plan.ENABLED
+    plans_on, direct_on, direct_env = launch_plan.ENABLED, launch_plan.DIRECT, launch_plan._direct_env
     launch_plan.clear()  # plans hold launchers: none may outlive the mode that recorded it
-    launch_plan.ENABLED = mode == "planned"
+    launch_plan.ENABLED = mode in ("planned", "direct")
+    launch_plan.DIRECT = mode == "direct"
+    launch_plan._direct_env = (lambda: 0, lambda: True)  # the stand-in stream; no launch hooks
     try:
         if mode == "stub":
             tk._launch = lambda *args, **kwargs: None
@@ -109,7 +118,7 @@ def no_kernels(mode: str) -> Iterator[None]:
         tk._CONST_NAMES.clear()
         tk._CONST_NAMES.update(const_names)
         launch_plan.clear()
-        launch_plan.ENABLED = plans_on
+        launch_plan.ENABLED, launch_plan.DIRECT, launch_plan._direct_env = plans_on, direct_on, direct_env
 
 
 def sample_ns(fn: Callable[[], object], iters: int) -> list[int]:

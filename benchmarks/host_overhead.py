@@ -8,7 +8,8 @@ At B=1 every kernel finishes in microseconds, so the wall time of an iteration i
 allocations and autograd, and the kernel launches. For each WTConvNeXt-T stage shape (channels_last, bf16) it
 times forward + backward of the fused WTConv with every launch through ``kernel[grid](...)`` ("triton"), through
 the compiled kernels kept after their first launch ("kept"; ``_launch`` in ``wtconvnext/ops/triton_kernels.py``),
-and with launch plans replayed ("planned", the default path: ``host_us``; ``wtconvnext/ops/launch_plan.py``), and
+with launch plans replayed through Triton's runners ("planned") and calling the launchers directly ("direct";
+``wtconvnext/ops/launch_plan.py``; ``host_us`` is the default one of the two), and
 compiled with static sizes (Inductor's code launches the kernels), in alternating rounds so that drifts of the
 host hit all alike, with cuDNN's depthwise 7x7, eager and compiled, for scale. Prints the median per iteration and
 writes JSON.
@@ -33,8 +34,31 @@ from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
 
-# Launch paths timed side by side: (triton_kernels._FAST_LAUNCH, launch_plan.ENABLED).
-MODES = {"triton": (False, False), "kept": (True, False), "planned": (True, True)}
+# Launch paths timed side by side: (triton_kernels._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT).
+MODES = {"triton": (False, False, False), "kept": (True, False, False), "planned": (True, True, False),
+         "direct": (True, True, True)}
+
+
+def set_mode(mode: str) -> None:
+    tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT = MODES[mode]
+
+
+def host_profile(fn, iters: int, top: int) -> str:
+    """cProfile of ``iters`` calls of ``fn``: the ``top`` functions by own time (where the host time goes; the
+    launchers and torch's C functions appear as built-ins)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(iters):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
 
 
 def main(argv=None) -> int:
@@ -43,6 +67,8 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-compile", action="store_true", help="skip the compiled rows (their compiles take minutes)")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="also print a cProfile of N default-path calls per shape (top 25 functions by own time)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("host_overhead.py needs a CUDA GPU", file=sys.stderr)
@@ -72,11 +98,11 @@ def main(argv=None) -> int:
         def dw7_compiled():
             torch.autograd.grad(dw7_graph(x, w7), [x, w7], dy)
 
-        fast_default, plans_default = tk._FAST_LAUNCH, launch_plan.ENABLED
+        defaults = tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT
         times: dict[str, list[float]] = {m: [] for m in (*MODES, "dw7", "compiled", "dw7_compiled")}
         try:
             for mode in MODES:  # compile / fill the caches and record the plans outside the timing
-                tk._FAST_LAUNCH, launch_plan.ENABLED = MODES[mode]
+                set_mode(mode)
                 wt()
                 wt()
             compiled = {"dw7": dw7} if args.no_compile else {
@@ -86,21 +112,27 @@ def main(argv=None) -> int:
                 fn()
             for _ in range(args.rounds):
                 for mode in MODES:
-                    tk._FAST_LAUNCH, launch_plan.ENABLED = MODES[mode]
+                    set_mode(mode)
                     times[mode].append(wall_us(wt, args.iters))
                 for name, fn in compiled.items():
                     times[name].append(wall_us(fn, args.iters))
+            if args.cprofile:
+                mode = "direct" if defaults[2] else "planned"
+                set_mode(mode)
+                print(f"=== cProfile, C={c} {h}x{w} L={levels}, B=1 bf16 f+b, {args.cprofile} calls ({mode})")
+                print(host_profile(wt, args.cprofile, 25))
         finally:
-            tk._FAST_LAUNCH, launch_plan.ENABLED = fast_default, plans_default
+            tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT = defaults
         med = {k: statistics.median(v) if v else None for k, v in times.items()}
         rows.append(dict(C=c, H=h, W=w, levels=levels, dtype="bf16", B=1, iters=args.iters, rounds=args.rounds,
-                         triton_us=med["triton"], kept_us=med["kept"], planned_us=med["planned"], dw7_us=med["dw7"],
-                         host_us=med["planned"], compiled_us=med["compiled"], dw7_compiled_us=med["dw7_compiled"],
+                         triton_us=med["triton"], kept_us=med["kept"], planned_us=med["planned"],
+                         direct_us=med["direct"], dw7_us=med["dw7"],
+                         host_us=med["direct" if defaults[2] else "planned"], compiled_us=med["compiled"], dw7_compiled_us=med["dw7_compiled"],
                          samples=times))
-    hdr = (f"{'C, H, L':14} {'triton launch us':>17} {'kept kernels us':>16} {'planned us':>11} {'dw7 us':>8} "
-           f"{'planned/dw7':>12} {'compiled us':>12} {'dw7 compiled us':>16} {'ratio':>6}")
+    hdr = (f"{'C, H, L':14} {'triton launch us':>17} {'kept kernels us':>16} {'planned us':>11} {'direct us':>10} "
+           f"{'dw7 us':>8} {'direct/dw7':>11} {'compiled us':>12} {'dw7 compiled us':>16} {'ratio':>6}")
     lines = [f"{r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['triton_us']:17.1f} {r['kept_us']:16.1f} "
-             f"{r['planned_us']:11.1f} {r['dw7_us']:8.1f} {r['planned_us'] / r['dw7_us']:12.2f} "
+             f"{r['planned_us']:11.1f} {r['direct_us']:10.1f} {r['dw7_us']:8.1f} {r['direct_us'] / r['dw7_us']:11.2f} "
              + (f"{r['compiled_us']:12.1f} {r['dw7_compiled_us']:16.1f} {r['compiled_us'] / r['dw7_compiled_us']:6.2f}"
                 if r["compiled_us"] is not None else f"{'-':>12} {'-':>16} {'-':>6}")
              for r in rows]

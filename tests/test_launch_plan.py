@@ -94,6 +94,60 @@ def test_no_key_or_disabled_runs_the_pass(monkeypatch):
     assert not launch_plan._PLANS
 
 
+class _FakeCompiled:
+    """A compiled kernel's parts as a launch plan sees them: a launcher that records its call, a function handle
+    and packed metadata."""
+
+    def __init__(self, calls: list, name: str) -> None:
+        self.function, self.packed_metadata = f"fn-{name}", (1, 1, 0)
+        self.run = lambda *a: calls.append(("direct", name, a))
+
+
+def test_direct_replay_calls_the_launchers_with_pointers(monkeypatch):
+    """Plans with launcher parts replay through the launchers: the stream read once per pass, no launch metadata or
+    hooks, tensors as their data pointers; with a launch hook installed, through the recorded runners."""
+    calls: list = []
+    hooks_idle = [True]
+    streams = iter(range(100, 200))
+    monkeypatch.setattr(launch_plan, "_direct_env", (lambda: next(streams), lambda: hooks_idle[0]))
+    monkeypatch.setattr(launch_plan, "DIRECT", True)
+    kernels = {name: _FakeCompiled(calls, name) for name in ("k0", "k1")}
+
+    def core(x, w):
+        rec = launch_plan.recording()
+        a = launch_plan.empty((4,), torch.float32, x.device)
+        for name, args, grid in (("k0", (x, a, 3), (2, 1, 1)), ("k1", (a, w, None, x), (5, 6, 7))):
+            calls.append(("runner", name, args))
+            if rec is not None:
+                k = kernels[name]
+                rec.launch(lambda *args, name=name: calls.append(("runner", name, args)), args,
+                           (k.run, k.function, k.packed_metadata, *grid))
+        return (a,)
+
+    x, w = torch.zeros(3), torch.ones(2)
+    launch_plan.planned(("direct",), core, (x, w))
+    calls.clear()
+    x2, w2 = torch.zeros(3), torch.ones(2)
+    (a,) = launch_plan.planned(("direct",), core, (x2, w2))
+    assert [c[:2] for c in calls] == [("direct", "k0"), ("direct", "k1")], calls
+    (_, _, c0), (_, _, c1) = calls
+    assert c0 == (2, 1, 1, 100, "fn-k0", (1, 1, 0), None, None, None, x2.data_ptr(), a.data_ptr(), 3)
+    assert c1 == (5, 6, 7, 100, "fn-k1", (1, 1, 0), None, None, None, a.data_ptr(), w2.data_ptr(), None,
+                  x2.data_ptr())
+    calls.clear()
+    hooks_idle[0] = False  # a profiler's hook: the runners, which call Triton's hooks
+    (a,) = launch_plan.planned(("direct",), core, (x2, w2))
+    assert [c[:2] for c in calls] == [("runner", "k0"), ("runner", "k1")] and calls[1][2][0] is a
+    calls.clear()
+    monkeypatch.setattr(launch_plan, "DIRECT", False)  # read when a plan is made
+    hooks_idle[0] = True
+    launch_plan.clear()
+    launch_plan.planned(("direct",), core, (x, w))
+    calls.clear()
+    launch_plan.planned(("direct",), core, (x2, w2))
+    assert [c[:2] for c in calls] == [("runner", "k0"), ("runner", "k1")]
+
+
 def _grads(x, params, dy, stride=1):
     xs = x.detach().clone().requires_grad_()
     ps = [p.detach().clone().requires_grad_() if p is not None else None for p in params]
@@ -102,16 +156,22 @@ def _grads(x, params, dy, stride=1):
     return [y, xs.grad] + [p.grad for p in ps if p is not None]
 
 
+_ON_GPU = pytest.mark.skipif(DEVICE == "cpu", reason="direct launches need compiled kernels (a GPU)")
+
+
 @pytest.mark.triton
-@pytest.mark.parametrize("h, w, levels, stride, bias, small_max, dtype", [
-    (11, 9, 2, 1, True, 0, torch.float32),     # multi-launch passes
-    (7, 6, 2, 1, False, 16, torch.bfloat16),   # one-launch passes of a small map, no bias
-    (12, 9, 2, 2, True, 0, torch.float32),     # stride: dy scattered outside the plan
+@pytest.mark.parametrize("h, w, levels, stride, bias, small_max, dtype, direct", [
+    (11, 9, 2, 1, True, 0, torch.float32, False),     # multi-launch passes
+    (7, 6, 2, 1, False, 16, torch.bfloat16, False),   # one-launch passes of a small map, no bias
+    (12, 9, 2, 2, True, 0, torch.float32, False),     # stride: dy scattered outside the plan
+    pytest.param(11, 9, 2, 1, True, 0, torch.float32, True, marks=_ON_GPU),  # the launchers called directly
+    pytest.param(7, 6, 2, 1, False, 16, torch.bfloat16, True, marks=_ON_GPU),
 ])
-def test_replay_is_bitwise_the_ordinary_path(h, w, levels, stride, bias, small_max, dtype, monkeypatch):
+def test_replay_is_bitwise_the_ordinary_path(h, w, levels, stride, bias, small_max, dtype, direct, monkeypatch):
     from wtconvnext.ops import triton_kernels as tk
 
     monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max})
+    monkeypatch.setattr(launch_plan, "DIRECT", direct)
     g = torch.Generator().manual_seed(3)
     c, k = 6, 3
 
@@ -129,6 +189,9 @@ def test_replay_is_bitwise_the_ordinary_path(h, w, levels, stride, bias, small_m
     plans = dict(launch_plan._PLANS)
     assert len(plans) == 2 and all(p is not None for p in plans.values())  # the forward's and the backward's
     replayed = _grads(x, params, dy, stride)
+    if direct:  # the plans did take the launchers directly
+        assert launch_plan._direct_env is not None
+        assert all(any(op[0] == launch_plan._LAUNCH and op[4] is not None for op in p.ops) for p in plans.values())
     x_nchw = x.contiguous()  # another input layout: the same plans (the kernels see channels-last copies)
     nchw = _grads(x_nchw, params, dy.contiguous(), stride)
     assert launch_plan._PLANS == plans

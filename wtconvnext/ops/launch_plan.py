@@ -13,6 +13,15 @@ A record holds no tensors, only slots: the pass's inputs and the buffers it allo
 pass that hands a kernel any other tensor (a view, a copy made inside the pass: chunked passes, non-contiguous
 parameters) cannot be replayed; its signature is remembered as such and it always runs the ordinary way.
 ``WTCONVNEXT_LAUNCH_PLANS=0`` (read at import; or ``ENABLED = False``) turns replay off.
+
+Direct launches: a recorded launch of a compiled Triton kernel may carry its launcher, function handle, packed
+metadata and grid. A replay then calls that launcher itself, as ``CompiledKernel[grid](*args)`` would, with the
+current stream read once per pass rather than per launch, no launch-metadata dict and no hook calls (Triton's
+per-launch hooks are empty unless a profiler such as proton installed one: then the replay takes the runners),
+and every tensor as its device pointer (an int), which skips the launcher's per-pointer driver query
+(``cuPointerGetAttribute``; the recording run, through Triton's own path, checked them).
+Off by default until measured on a GPU (``benchmarks/host_overhead.py`` times both): ``WTCONVNEXT_DIRECT_LAUNCH=1``
+(read at import) or ``DIRECT = True`` (read when a plan is recorded; part of a plan's key) turns it on.
 """
 
 from __future__ import annotations
@@ -24,9 +33,12 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["ENABLED", "empty", "planned", "recording", "clear"]
+__all__ = ["ENABLED", "DIRECT", "empty", "planned", "recording", "clear", "use_direct"]
 
 ENABLED = os.environ.get("WTCONVNEXT_LAUNCH_PLANS", "1") != "0"
+DIRECT = os.environ.get("WTCONVNEXT_DIRECT_LAUNCH", "0") == "1"
+# (current stream, whether the launch hooks are idle): set by the kernel module where Triton runs on a GPU.
+_direct_env: Optional[tuple[Callable[[], int], Callable[[], bool]]] = None
 _MAX_PLANS = 1024  # signatures are exact sizes: bound the table for workloads of ever-new shapes
 
 _ALLOC, _LAUNCH, _FREE = 0, 1, 2
@@ -50,7 +62,9 @@ class _Recorder:
         self.ops.append((_ALLOC, self.n, shape, dtype, fmt))
         self.n += 1
 
-    def launch(self, call: Callable[..., Any], args: Sequence[Any]) -> None:
+    def launch(self, call: Callable[..., Any], args: Sequence[Any], direct: Optional[tuple] = None) -> None:
+        """A launch ``call(*args)``; ``direct``: (launcher, function, packed metadata, grid x, y, z) of a compiled
+        Triton kernel, whose launcher a replay may call itself (module docs)."""
         template, tensors = list(args), []
         for pos, a in enumerate(args):
             if isinstance(a, Tensor):
@@ -60,7 +74,7 @@ class _Recorder:
                     return
                 template[pos] = None
                 tensors.append((pos, slot))
-        self.ops.append((_LAUNCH, call, template, tuple(tensors)))
+        self.ops.append((_LAUNCH, call, template, tuple(tensors), direct))
 
     def finish(self, outputs: Sequence[Optional[Tensor]]) -> Optional["_Plan"]:
         if not self.ok:
@@ -97,23 +111,38 @@ class _Plan:
             for slot in frees.get(i, ()):
                 self.ops.append((_FREE, slot))
         self.n, self.outs = n, outs
-        self._run = self._compiled(n_in)
+        self._run = self._compiled(n_in, direct=False)
+        if DIRECT and _direct_env is not None and any(op[0] == _LAUNCH and op[4] is not None for op in self.ops):
+            self._run = self._compiled(n_in, direct=True, runners=self._run)
 
-    def _compiled(self, n_in: int) -> Callable[..., tuple[Optional[Tensor], ...]]:
+    def _compiled(self, n_in: int, direct: bool, runners: Optional[Callable] = None
+                  ) -> Callable[..., tuple[Optional[Tensor], ...]]:
         """The plan as one generated Python function: every slot a local variable, every launcher and non-tensor
         argument bound by name or as a literal, so a replay interprets no op list (the loop over ops cost about as
-        much host time as the allocations it made)."""
+        much host time as the allocations it made). ``direct``: the compiled kernels' launchers called directly
+        (module docs), falling back to ``runners`` (the plan without) while a launch hook is installed."""
         env: dict[str, Any] = {"_empty": torch.empty}
         names = [f"s{i}" for i in range(self.n)]
         lines = ["def run(inputs, device):"]
+        if direct:
+            env["_stream"], env["_idle"] = _direct_env
+            env["_runners"] = runners
+            lines += ["    if not _idle():", "        return _runners(inputs, device)", "    st = _stream()"]
         if n_in:
             lines.append(f"    {', '.join(names[:n_in])}, = inputs")
+        pointers: set[int] = set()  # slots whose device pointer is a local already
         for i, op in enumerate(self.ops):
             if op[0] == _LAUNCH:
-                env[f"L{i}"] = op[1]
+                fast = direct and op[4] is not None
                 args = list(op[2])
                 for pos, slot in op[3]:
-                    args[pos] = names[slot]
+                    if fast:  # the pointer, read once per slot
+                        if slot not in pointers:
+                            lines.append(f"    p{slot} = {names[slot]}.data_ptr()")
+                            pointers.add(slot)
+                        args[pos] = f"p{slot}"
+                    else:
+                        args[pos] = names[slot]
                 for pos, a in enumerate(op[2]):
                     if pos in dict(op[3]):
                         continue
@@ -122,7 +151,14 @@ class _Plan:
                     else:
                         env[f"a{i}_{pos}"] = a
                         args[pos] = f"a{i}_{pos}"
-                lines.append(f"    L{i}({', '.join(args)})")
+                if fast:
+                    launcher, function, metadata, gx, gy, gz = op[4]
+                    env[f"R{i}"], env[f"F{i}"], env[f"M{i}"] = launcher, function, metadata
+                    # As CompiledKernel[grid](*args) calls it: no launch metadata, no hooks (they are idle).
+                    lines.append(f"    R{i}({gx}, {gy}, {gz}, st, F{i}, M{i}, None, None, None, {', '.join(args)})")
+                else:
+                    env[f"L{i}"] = op[1]
+                    lines.append(f"    L{i}({', '.join(args)})")
             elif op[0] == _ALLOC:
                 env[f"shape{i}"], env[f"dtype{i}"], env[f"fmt{i}"] = op[2], op[3], op[4]
                 lines.append(f"    {names[op[1]]} = _empty(shape{i}, dtype=dtype{i}, device=device, "
@@ -143,6 +179,13 @@ class _State(threading.local):
 
 _STATE = _State()
 _PLANS: dict[tuple, Optional[_Plan]] = {}
+
+
+def use_direct(stream: Callable[[], int], idle: Callable[[], bool]) -> None:
+    """Let plans recorded from now on launch compiled kernels directly (module docs): ``stream()`` gives the current
+    stream's handle, ``idle()`` whether Triton's launch hooks are all empty."""
+    global _direct_env
+    _direct_env = (stream, idle)
 
 
 def recording() -> Optional[_Recorder]:

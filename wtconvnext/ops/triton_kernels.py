@@ -831,7 +831,10 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 # 4 columns x 32 channels, one warp (0.123 ms vs cuDNN's 0.141); weight gradient 7 columns x 64 channels, two
 # warps, 4 images per program (0.174 ms vs 0.149).
 TUNING: dict[str, int] = {
-    "conv_bw": 4, "conv_bc": 32, "conv_warps": 1,
+    # conv_bc 64 (two channels per thread, one warp): H200, bf16, B=128, CUDA time of the four convolution
+    # launches per fwd + bwd by the profiler (session 26, one run): 0.696 / 0.310 ms against 0.791 / 0.455 with 32
+    # at 56 / 28 (sm_90 SASS: 1.5-2.0 instructions per FMA in the inner loops against 1.8-2.8).
+    "conv_bw": 4, "conv_bc": 64, "conv_warps": 1,
     "wgrad_bw": 7, "wgrad_bc": 64, "wgrad_warps": 2, "wgrad_imgs": 4,
     "patch_chunk": 64, "patch_bc": 32, "patch_warps": 4,
     # syn1 = 1: the FMA base convolution (multi-launch and small-map pass) synthesises level 1 itself (needs an
@@ -850,7 +853,9 @@ TUNING: dict[str, int] = {
     # input gradient 1.12x / 1.14x the multi-launch passes at 14 x 14, 1.65x / 1.40x at 7 x 7; 64 channels and two
     # warps beat 32 and one (1.06x / 1.64x), strips of 7 columns lost (0.84x at 14 x 14); at 28 x 28 (small_max 32)
     # it ran at 0.55x: a program per image leaves too few warps there.
-    "small_max": 16, "small_bw": 4, "small_bc": 64, "small_warps": 2, "small_chunk": 16,
+    # Session 26 (same method as pgrad_bc below): 128 channels (two per thread) 0.299 / 0.156 ms per two passes
+    # against 0.307 / 0.173 with 64 at 14 / 7; one warp at 64 channels 0.302 / 0.155.
+    "small_max": 16, "small_bw": 4, "small_bc": 128, "small_warps": 2, "small_chunk": 16,
     # A pass over a larger map runs in chunks of images whose two coefficient buffers (x's and dy's) take at most
     # chunk_kb KiB (batch_chunks): the layer's workspace is then bounded, not 8/3 x its input. 0: one chunk.
     "chunk_kb": 0,
@@ -924,6 +929,26 @@ def _device_index() -> int:
     return _device_index()
 
 
+def _current_stream() -> int:
+    """The handle of the current device's current stream, as Triton's runner reads it before each launch."""
+    drv = triton.runtime.driver.active
+    return drv.get_current_stream(drv.get_current_device())
+
+
+def _launch_hooks_idle() -> bool:
+    """Whether Triton's launch enter / exit hooks are empty (a ``HookChain`` with no calls, or None), so that a
+    launcher may be called without them."""
+    rt = triton.knobs.runtime
+    return all(h is None or not getattr(h, "calls", True) for h in (rt.launch_enter_hook, rt.launch_exit_hook))
+
+
+if _FAST_LAUNCH and hasattr(triton, "knobs"):
+    # Launch plans call the compiled kernels' launchers directly (launch_plan.py). Triton >= 3.4 (its knobs): the
+    # runner's call convention checked against 3.6 and 3.8 (grid, stream, function, packed metadata, launch
+    # metadata, enter / exit hooks, then the kernel's arguments).
+    _plan.use_direct(_current_stream, _launch_hooks_idle)
+
+
 class _Traced(threading.local):
     on = False  # a class default: every thread starts untraced without a getattr default per launch
 
@@ -987,18 +1012,20 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
         if len(_COMPILED) < _MAX_KEPT:
             _COMPILED[key] = kernel
         if rec is not None:
-            rec.launch(kernel[(grid[0], grid[1], grid[2] if len(grid) > 2 else 1)], (*args, *cvals))
+            g3 = (grid[0], grid[1], grid[2] if len(grid) > 2 else 1)
+            rec.launch(kernel[g3], (*args, *cvals), (kernel.run, kernel.function, kernel.packed_metadata, *g3))
         return
-    runner = kernel[(grid[0], grid[1], grid[2] if len(grid) > 2 else 1)]
+    g3 = (grid[0], grid[1], grid[2] if len(grid) > 2 else 1)
+    runner = kernel[g3]
     runner(*args, *cvals)
-    if rec is not None:  # a launch plan keeps the launcher bound to its grid (launch_plan.py)
-        rec.launch(runner, (*args, *cvals))
+    if rec is not None:  # a launch plan keeps the launcher bound to its grid, and its parts (launch_plan.py)
+        rec.launch(runner, (*args, *cvals), (kernel.run, kernel.function, kernel.packed_metadata, *g3))
 
 
 def tuning_state() -> tuple:
     """Everything in the tuning tables and launch-path switches that a pass's launches read: part of the key of
     its launch plan (launch_plan.py), so that changing a table never replays launches made under another."""
-    return (tuple(TUNING.items()), _FAST_LAUNCH, _mma.ENABLED, tuple(_mma.MMA_TUNING.items()))
+    return (tuple(TUNING.items()), _FAST_LAUNCH, _plan.DIRECT, _mma.ENABLED, tuple(_mma.MMA_TUNING.items()))
 
 
 @functools.cache  # called on every launch; a handful of (C, cap) pairs per model
