@@ -3,7 +3,9 @@
 #   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [abmma] [layer] [profile] [compiled] [pmodel]
 #                          [graphs] [host] [launch] [pair] [eager] [warm]
 # TCACHE=DIR: Triton's compiled kernels are unpacked from DIR first and packed into OUTDIR last
-# (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles.
+# (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles. The parts (binaries only,
+# 15 MiB each) must come back as files of their own: copy OUTDIR/triton_cache.tgz.part* into $OUT beside the
+# results' tarball, and here into an ignored folder (e.g. .tcache) to carry.
 # (default: tests abtune layer profile, into results/gpu_ab; about 4, 2.5, 6, 5, 2.5, 2, 3, 3, 5.5 and 3 minutes
 # on an H200: device calls of at most 10 minutes, e.g. "compiled pmodel", "abrows abtune", "tests layer profile",
 # "graphs host").
