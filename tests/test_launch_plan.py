@@ -61,6 +61,36 @@ def test_plan_replays_launches_with_this_calls_tensors():
     assert b1 is not b0 and none is None
 
 
+def test_views_of_buffers_are_replayed_as_views():
+    """A view of a recorded buffer (launch_plan.view) is a slot too: replayed as the same view of this call's
+    buffer, and it keeps that buffer alive as an output after the buffer's own last launch."""
+    calls: list = []
+
+    def core(x):
+        rec = launch_plan.recording()
+        buf = launch_plan.empty((4, 6), torch.float32, x.device)
+        v = launch_plan.view(buf, (3, 2), (1, 6))
+        for args in ((x, buf), (v,)):
+            calls.append(args)
+            if rec is not None:
+                rec.launch(lambda *a: calls.append(a), args)
+        return (v,)
+
+    x = torch.zeros(3)
+    launch_plan.planned(("view",), core, (x,))
+    plan = launch_plan._PLANS[("view",)]
+    assert plan is not None and [op[0] for op in plan.ops] == [
+        launch_plan._ALLOC, launch_plan._VIEW, launch_plan._LAUNCH, launch_plan._FREE, launch_plan._LAUNCH]
+    calls.clear()
+    (v,) = launch_plan.planned(("view",), core, (torch.zeros(3),))
+    (_, buf), (v_launched,) = calls
+    assert v is v_launched and v.shape == (3, 2) and v.stride() == (1, 6)
+    assert v.data_ptr() == buf.data_ptr() and v.untyped_storage().nbytes() == 4 * 6 * 4
+    # a view of a tensor the pass did not allocate: not replayable
+    launch_plan.planned(("view2",), lambda a: (launch_plan.view(a.clone(), (1,), (1,)),), (x,))
+    assert launch_plan._PLANS[("view2",)] is None
+
+
 def test_pass_with_a_foreign_tensor_is_not_replayed():
     calls: list = []
     x = torch.zeros(3)
@@ -198,6 +228,42 @@ def test_replay_is_bitwise_the_ordinary_path(h, w, levels, stride, bias, small_m
     for got in (recorded, replayed, nchw):
         for a, b in zip(got, ordinary):
             assert torch.equal(a, b)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("plans", [False, True])
+def test_input_gradient_is_written_into_dys_coefficient_buffer(plans, monkeypatch):
+    """A multi-launch backward writes dx into dy's coefficient buffer (triton_kernels.input_grad_buffer: no extra
+    full-size map at the layer's peak), recorded and replayed as a view, with the ordinary path's bits."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0})
+    g = torch.Generator().manual_seed(5)
+    c, k, levels, h, w = 4, 3, 2, 9, 7
+    params = [(torch.rand(*s, generator=g) - 0.5).to(DEVICE) for s in
+              [(c, 1, k, k), (c,), (c,), (levels, c, 4, k, k), (levels, c, 4)]]
+    x = torch.rand(2, c, h, w, generator=g).to(DEVICE).contiguous(memory_format=torch.channels_last)
+    dy = torch.rand(2, c, h, w, generator=g).to(DEVICE).contiguous(memory_format=torch.channels_last)
+    monkeypatch.setattr(launch_plan, "ENABLED", plans)
+    coef_bytes = tk._offsets(2, c, h, w, levels)[-1] * x.element_size()
+    results = []
+    for _ in range(2 if plans else 1):  # recorded, then replayed
+        xs = x.clone().requires_grad_()
+        ps = [p.clone().requires_grad_() for p in params]
+        (dx,) = torch.autograd.grad(wtconv2d(xs, *ps, backend="triton"), [xs], dy)
+        assert dx.untyped_storage().nbytes() == coef_bytes and dx.is_contiguous(memory_format=torch.channels_last)
+        results.append(dx)
+    from wtconvnext.ops import wtconv_triton
+
+    # the reference: dx in a map of its own
+    monkeypatch.setattr(wtconv_triton, "input_grad_buffer", lambda dys, coef, lv, kk: torch.empty_like(dys))
+    monkeypatch.setattr(launch_plan, "ENABLED", False)
+    xs = x.clone().requires_grad_()
+    ps = [p.clone().requires_grad_() for p in params]
+    (ref,) = torch.autograd.grad(wtconv2d(xs, *ps, backend="triton"), [xs], dy)
+    assert ref.untyped_storage().nbytes() == ref.numel() * ref.element_size()  # a map of its own
+    for dx in results:
+        assert torch.equal(dx, ref)
 
 
 @pytest.mark.triton

@@ -9,7 +9,8 @@ then on replays the record: allocate each buffer just before its first use, laun
 constants and this call's tensors, drop each intermediate after its last use (the caching allocator reuses it at
 once, as the ordinary path's ``del`` did).
 
-A record holds no tensors, only slots: the pass's inputs and the buffers it allocated through :func:`empty`. A
+A record holds no tensors, only slots: the pass's inputs, the buffers it allocated through :func:`empty` and the
+views of them it made through :func:`view`. A
 pass that hands a kernel any other tensor (a view, a copy made inside the pass: chunked passes, non-contiguous
 parameters) cannot be replayed; its signature is remembered as such and it always runs the ordinary way.
 ``WTCONVNEXT_LAUNCH_PLANS=0`` (read at import; or ``ENABLED = False``) turns replay off.
@@ -33,7 +34,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["ENABLED", "DIRECT", "empty", "planned", "recording", "clear", "use_direct"]
+__all__ = ["ENABLED", "DIRECT", "empty", "view", "planned", "recording", "clear", "use_direct"]
 
 ENABLED = os.environ.get("WTCONVNEXT_LAUNCH_PLANS", "1") != "0"
 DIRECT = os.environ.get("WTCONVNEXT_DIRECT_LAUNCH", "0") == "1"
@@ -41,7 +42,7 @@ DIRECT = os.environ.get("WTCONVNEXT_DIRECT_LAUNCH", "0") == "1"
 _direct_env: Optional[tuple[Callable[[], int], Callable[[], bool]]] = None
 _MAX_PLANS = 1024  # signatures are exact sizes: bound the table for workloads of ever-new shapes
 
-_ALLOC, _LAUNCH, _FREE = 0, 1, 2
+_ALLOC, _LAUNCH, _FREE, _VIEW = 0, 1, 2, 3
 
 
 class _Recorder:
@@ -60,6 +61,16 @@ class _Recorder:
         self.slots[id(t)] = self.n
         self.alive.append(t)
         self.ops.append((_ALLOC, self.n, shape, dtype, fmt))
+        self.n += 1
+
+    def view(self, t: Tensor, base: Tensor, shape: tuple[int, ...], stride: tuple[int, ...]) -> None:
+        slot = self.slots.get(id(base))
+        if slot is None:  # a view of a tensor the pass made without empty(): not replayable
+            self.ok = False
+            return
+        self.slots[id(t)] = self.n
+        self.alive.append(t)
+        self.ops.append((_VIEW, self.n, slot, shape, stride))
         self.n += 1
 
     def launch(self, call: Callable[..., Any], args: Sequence[Any], direct: Optional[tuple] = None) -> None:
@@ -100,7 +111,9 @@ class _Plan:
             if op[0] == _LAUNCH:
                 for _, slot in op[3]:
                     last[slot] = i
-        n_in = n - sum(op[0] == _ALLOC for op in ops)
+            elif op[0] == _VIEW:  # made from its base: the base is alive until then (the view keeps its memory)
+                last[op[2]] = max(last.get(op[2], i), i)
+        n_in = n - sum(op[0] in (_ALLOC, _VIEW) for op in ops)
         frees: dict[int, list[int]] = {}
         for slot, i in last.items():
             if slot >= n_in and slot not in keep:  # an intermediate buffer: dropped after its last launch
@@ -163,6 +176,8 @@ class _Plan:
                 env[f"shape{i}"], env[f"dtype{i}"], env[f"fmt{i}"] = op[2], op[3], op[4]
                 lines.append(f"    {names[op[1]]} = _empty(shape{i}, dtype=dtype{i}, device=device, "
                              f"memory_format=fmt{i})")
+            elif op[0] == _VIEW:
+                lines.append(f"    {names[op[1]]} = {names[op[2]]}.as_strided({op[3]!r}, {op[4]!r})")
             else:
                 lines.append(f"    {names[op[1]]} = None")
         lines.append(f"    return ({''.join(('None' if s < 0 else names[s]) + ', ' for s in self.outs)})")
@@ -200,6 +215,16 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
     rec = _STATE.rec
     if rec is not None:
         rec.alloc(t, tuple(shape), dtype, memory_format)
+    return t
+
+
+def view(base: Tensor, shape: tuple[int, ...], stride: tuple[int, ...]) -> Tensor:
+    """``base.as_strided(shape, stride)`` (from base's first element) for a pass's buffers and outputs: a
+    recorded view of a recorded buffer while a plan is being recorded."""
+    t = base.as_strided(shape, stride)
+    rec = _STATE.rec
+    if rec is not None:
+        rec.view(t, base, tuple(shape), tuple(stride))
     return t
 
 

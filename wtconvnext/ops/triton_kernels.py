@@ -1173,12 +1173,7 @@ def wtconv_forward(
     bsz, ch, h, w = x.shape
     levels, k = level_w.shape[0], base_w.shape[0]
     compute = _compute_dtype(x.dtype)
-    # The tensor-core base convolution does level 1's synthesis itself (from the filtered subbands and acc_2): one
-    # full-resolution map less written and read, and the synthesis launches start at level 2.
-    if _mma.mma_applies(x.dtype, k):
-        syn1 = bool(_mma.MMA_TUNING["syn1"])
-    else:
-        syn1 = _syn1(TUNING["conv_bw"])
+    syn1 = _pass_syn1(x.dtype, k)
     if small_applies(x, levels, k):
         _small_pass(x, out, base_w, base_b, level_w, stride, flip, coef)
         return out
@@ -1211,6 +1206,31 @@ def wtconv_forward(
                  k, 0, stride, acc is not None, base_b is not None, flip, syn1=syn1 and acc is not None, acc2=acc2,
                  acc2_off=acc2_off)
     return out
+
+
+def _pass_syn1(dtype: torch.dtype, k: int) -> bool:
+    """Whether a multi-launch pass's base convolution does level 1's synthesis itself (from the filtered subbands
+    and acc_2): one full-resolution map less written and read, and the synthesis launches start at level 2."""
+    if _mma.mma_applies(dtype, k):
+        return bool(_mma.MMA_TUNING["syn1"])
+    return _syn1(TUNING["conv_bw"])
+
+
+def input_grad_buffer(dy: Tensor, coef: Optional[Tensor], levels: int, k: int) -> Tensor:
+    """The channels-last buffer the input-gradient pass over ``dy`` (one chunk of images: all of them) writes.
+
+    Where that pass runs in several launches with level 1 synthesised by the base convolution, it is dy's
+    coefficient buffer ``coef`` itself, from its first element: the level-1 region (B, h_1, w_1, 4, C), at least
+    B * H * W * C elements, is dead once the level convolutions have read it, and the base convolution reads only
+    the filtered subbands and acc_2 (level 2's region) while it writes dx. So no full-size map is allocated while
+    the filtered subbands and the coefficients are both alive: at 56 x 56 that was the layer's peak (dx, dy's
+    coefficients and their filtered copy at once). The returned gradient keeps the whole buffer (4/3 of dx)
+    alive until it is freed."""
+    bsz, ch, h, w = dy.shape
+    if (coef is not None and levels > 0 and not _TRACED.on and coef.dtype == dy.dtype
+            and not small_applies(dy, levels, k) and _pass_syn1(dy.dtype, k) and coef.numel() >= dy.numel()):
+        return _plan.view(coef, (bsz, ch, h, w), (h * w * ch, 1, w * ch, ch))
+    return _plan.empty((bsz, ch, h, w), dy.dtype, dy.device, torch.channels_last)
 
 
 def _syn1(bw: int) -> bool:

@@ -68,8 +68,8 @@ def _in_format_of(t: Tensor, x: Tensor) -> Tensor:
 if TRITON_AVAILABLE:
     from . import launch_plan as _plan
     from . import triton_kernels as _tk
-    from .triton_kernels import (batch_chunks, coefficient_pair, folded_weights, param_grads, weight_partials,
-                                 wtconv_forward)
+    from .triton_kernels import (batch_chunks, coefficient_pair, folded_weights, input_grad_buffer, param_grads,
+                                 weight_partials, wtconv_forward)
 
     def _planned(core, inputs: tuple, *consts):
         """``core(*inputs, *consts)``, replayed from its launch plan after the first call of a signature
@@ -129,7 +129,9 @@ if TRITON_AVAILABLE:
                                     round_to)
                 parts = None
             if dx is None:
-                dx = _plan.empty(tuple(xc.shape), xc.dtype, xc.device, torch.channels_last)
+                # One chunk: dy's coefficient buffer where the pass allows (input_grad_buffer), else a new map.
+                dx = (input_grad_buffer(dys, coef_dy, levels, k) if len(chunks) == 1
+                      else _plan.empty(tuple(xc.shape), xc.dtype, xc.device, torch.channels_last))
             # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
             wtconv_forward(dys, _images(dx, b0, b1), base_w, None, level_w, 1, flip=True, coef=coef_dy)
             del coef_dy
