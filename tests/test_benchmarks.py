@@ -158,6 +158,24 @@ def test_host_cpu_times_every_mode_on_a_tiny_shape(tmp_path: Path) -> None:
     assert "fwd+bwd us" in proc.stdout and proc.stdout.count("8,   9, 2") == 4
 
 
+def test_peak_cpu_counts_the_layers_allocations(tmp_path: Path) -> None:
+    """The allocation-count script end to end on the CPU (a subprocess, as host_cpu): at 56 x 56 and 28 x 28
+    (multi-launch) the input gradient in dy's coefficient buffer lowers the peak (the peak moves to another phase:
+    by less than one full-size map); at 14 x 14 (the one-launch pass) both layouts are the same."""
+    out = tmp_path / "peak.json"
+    script = Path(ab_kernels.__file__).with_name("peak_cpu.py")
+    proc = subprocess.run([sys.executable, str(script), "--batch", "2", "--shapes", "3", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["C"], r["H"]) for r in rows] == [(96, 56), (192, 28), (384, 14)]
+    for r in rows[:2]:
+        assert 0 < r["separate_dx_mib"] - r["peak_mib"] <= r["x_mib"], r
+        assert r["peak_mib"] > 2 * r["x_mib"]  # y and two coefficient buffers at least
+    assert rows[2]["peak_mib"] == rows[2]["separate_dx_mib"] > 0
+    assert "peak MiB" in proc.stdout
+
+
 def test_bench_train_reads_the_last_epochs_rate() -> None:
     from benchmarks.bench_train import last_epoch_rate
 
