@@ -4,8 +4,8 @@
 #                          [graphs] [host] [launch] [pair] [eager] [warm]
 # TCACHE=DIR: Triton's compiled kernels are unpacked from DIR first and packed into OUTDIR last
 # (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles. The parts (binaries only,
-# 15 MiB each) must come back as files of their own: copy OUTDIR/triton_cache.tgz.part* into $OUT beside the
-# results' tarball, and here into an ignored folder (e.g. .tcache) to carry.
+# 15 MiB each) must come back as files of their own: with $OUT set (the device machine) they are copied there, beside
+# the results' tarball (which should leave them out); here, put them into an ignored folder (e.g. .tcache) to carry.
 # (default: tests abtune layer profile, into results/gpu_ab; about 4, 2.5, 6, 5, 2.5, 2, 3, 3, 5.5 and 3 minutes
 # on an H200: device calls of at most 10 minutes, e.g. "compiled pmodel", "abrows abtune", "tests layer profile",
 # "graphs host").
@@ -35,7 +35,8 @@ step() {  # step SECONDS LOG command...
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
 if [[ -n "${TCACHE:-}" ]]; then
   bash scripts/triton_cache.sh unpack "$TCACHE"
-  trap 'bash scripts/triton_cache.sh pack "$out"' EXIT
+  # On the device machine ($OUT set) the parts are also copied there: files of their own, as the return needs.
+  trap 'bash scripts/triton_cache.sh pack "$out" && if [[ -n "${OUT:-}" ]]; then cp "$out"/triton_cache.tgz.part* "$OUT"/; fi' EXIT
 fi
 more="synthesising or wgrad_rows or compile_fullgraph or one_launch or ttir or small_maps or launch_plan or replay"
 if [[ "$what" == *warm* ]]; then
