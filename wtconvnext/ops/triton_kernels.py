@@ -40,7 +40,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 import triton
@@ -1012,14 +1012,20 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
         if len(_COMPILED) < _MAX_KEPT:
             _COMPILED[key] = kernel
         if rec is not None:
-            g3 = (grid[0], grid[1], grid[2] if len(grid) > 2 else 1)
-            rec.launch(kernel[g3], (*args, *cvals), (kernel.run, kernel.function, kernel.packed_metadata, *g3))
+            _record(rec, kernel, grid, (*args, *cvals))
         return
-    g3 = (grid[0], grid[1], grid[2] if len(grid) > 2 else 1)
-    runner = kernel[g3]
+    runner = kernel[(grid[0], grid[1], grid[2] if len(grid) > 2 else 1)]
     runner(*args, *cvals)
-    if rec is not None:  # a launch plan keeps the launcher bound to its grid, and its parts (launch_plan.py)
-        rec.launch(runner, (*args, *cvals), (kernel.run, kernel.function, kernel.packed_metadata, *g3))
+    if rec is not None:
+        _record(rec, kernel, grid, (*args, *cvals), runner)
+
+
+def _record(rec: "_plan._Recorder", kernel: Any, grid: tuple[int, ...], args: tuple, runner: Any = None) -> None:
+    """A kept kernel's launch into the launch plan being recorded: the launcher bound to its grid (``runner``, made
+    here unless given), and the parts a direct replay calls (launch_plan.py)."""
+    g3 = (grid[0], grid[1], grid[2] if len(grid) > 2 else 1)
+    rec.launch(runner if runner is not None else kernel[g3], args,
+               (kernel.run, kernel.function, kernel.packed_metadata, *g3))
 
 
 def tuning_state() -> tuple:
