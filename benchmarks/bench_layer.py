@@ -3,6 +3,7 @@
 Usage (any CUDA GPU)::
 
     python benchmarks/bench_layer.py [--out results/layer.json] [--dtypes fp32 bf16] [--quick]
+    python benchmarks/bench_layer.py --rows-from LOG --env '{"gpu": ...}' --out layer.json   # a cut run's rows
 
 For every WTConvNeXt-T stage shape at B=128 and a high-resolution one, in each dtype, it times forward and
 forward + backward (median of ``triton.testing.do_bench``) and measures the peak memory of forward + backward
@@ -13,6 +14,8 @@ layout of depthwise 7x7 (cuDNN) and writes everything as JSON.
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -21,7 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import gpu_env, mma_switched, report, with_entries, wtconv_inputs  # noqa: E402
+from benchmarks.common import gpu_env, mma_switched, report, with_entries, write_json, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
@@ -104,6 +107,53 @@ def _with_mma(case, enabled: bool, **tuning: int):
     return mma_switched(fwd, enabled, **tuning), mma_switched(fwdbwd, enabled, **tuning), xi
 
 
+_ROW = re.compile(r"^(\w+) (\d+),(\d+),(\d+),(\d+),(\d+) (\S+): fwd ([\d.]+) ms, fwd\+bwd ([\d.]+) ms, ([\d.]+) MB$")
+
+
+def rows_from_log(path: str) -> list[dict]:
+    """The rows a run printed one by one (its per-row lines), e.g. of a run its time limit cut before the table."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        m = _ROW.match(line.strip())
+        if m:
+            d, b, c, h, w, lv, impl, f, fb, mb = m.groups()
+            rows.append(dict(dtype=d, B=int(b), C=int(c), H=int(h), W=int(w), levels=int(lv), impl=impl,
+                             fwd_ms=float(f), fwdbwd_ms=float(fb), peak_mb=float(mb)))
+    return rows
+
+
+def write_table(out: str, env: dict, rows: list[dict], quiet: bool = False) -> None:
+    """Ratios of every row to the faster depthwise 7x7 (cuDNN) layout of its dtype and shape; the table (printed
+    unless ``quiet``) and the JSON at ``out``. A shape without a dw7 row (a cut run) is left out."""
+    def key(r):
+        return (r["dtype"], r["B"], r["C"], r["H"], r["W"])
+
+    best_dw7 = {}
+    for r in rows:
+        if r["impl"].startswith("dw7"):
+            k = key(r)
+            if k not in best_dw7 or r["fwdbwd_ms"] < best_dw7[k]["fwdbwd_ms"]:
+                best_dw7[k] = r
+    rows = [r for r in rows if key(r) in best_dw7]
+    for r in rows:
+        ref = best_dw7[key(r)]
+        r["fwdbwd_vs_best_dw7"] = r["fwdbwd_ms"] / ref["fwdbwd_ms"]
+        r["peak_vs_best_dw7"] = r["peak_mb"] / ref["peak_mb"] if ref["peak_mb"] > 0 else float("nan")
+        r["best_dw7_layout"] = ref["impl"]
+
+    hdr = f"{'dtype':5} {'shape (B,C,H,W,L)':22} {'impl':22} {'fwd ms':>8} {'f+b ms':>8} {'peak MB':>9} {'f+b/dw7*':>9} {'mem/dw7*':>9}"
+    lines = []
+    for r in rows:
+        shape = f"{r['B']},{r['C']},{r['H']},{r['W']},{r['levels']}"
+        lines.append(f"{r['dtype']:5} {shape:22} {r['impl']:22} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} "
+                     f"{r['peak_mb']:9.1f} {r['fwdbwd_vs_best_dw7']:9.2f} {r['peak_vs_best_dw7']:9.2f}")
+    if quiet:
+        write_json(out, dict(env=env, rows=rows))
+        return
+    report(out, env, hdr, lines, rows,
+           note="* ratio to the faster layout of depthwise 7x7 (cuDNN) in the same dtype and shape")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="results/layer.json")
@@ -115,7 +165,13 @@ def main(argv=None) -> int:
                     help="time only these rows (e.g. wtconv_triton_cl dw7_cl; default: all)")
     ap.add_argument("--variants", nargs="+", default=[], metavar="KEY=V[,KEY=V]",
                     help="extra channels-last rows with these TUNING entries (row wtconv_triton_cl+KEY=V)")
+    ap.add_argument("--rows-from", metavar="LOG", default=None,
+                    help="no timing: the table of the per-row lines a run printed (e.g. one cut by a time limit)")
+    ap.add_argument("--env", default="{}", help="with --rows-from: JSON object of the run's environment")
     args = ap.parse_args(argv)
+    if args.rows_from:
+        write_table(args.out, json.loads(args.env), rows_from_log(args.rows_from))
+        return 0
     variants = []  # (row suffix, TUNING entries), parsed once
     for v in args.variants:
         try:
@@ -132,6 +188,7 @@ def main(argv=None) -> int:
         return 2
     torch.backends.cudnn.benchmark = True
     rep = 40 if args.quick else 100
+    env = gpu_env()
     rows = []
     for dname in args.dtypes:
         dtype = DTYPES[dname]
@@ -151,31 +208,8 @@ def main(argv=None) -> int:
                       f"{row['fwdbwd_ms']:.3f} ms, {row['peak_mb']:.1f} MB", flush=True)
             del cases
             torch.cuda.empty_cache()
-
-    # Ratios against the faster layout of depthwise 7x7 in the same dtype and shape.
-    def key(r):
-        return (r["dtype"], r["B"], r["C"], r["H"], r["W"])
-
-    best_dw7 = {}
-    for r in rows:
-        if r["impl"].startswith("dw7"):
-            k = key(r)
-            if k not in best_dw7 or r["fwdbwd_ms"] < best_dw7[k]["fwdbwd_ms"]:
-                best_dw7[k] = r
-    for r in rows:
-        ref = best_dw7[key(r)]
-        r["fwdbwd_vs_best_dw7"] = r["fwdbwd_ms"] / ref["fwdbwd_ms"]
-        r["peak_vs_best_dw7"] = r["peak_mb"] / ref["peak_mb"] if ref["peak_mb"] > 0 else float("nan")
-        r["best_dw7_layout"] = ref["impl"]
-
-    hdr = f"{'dtype':5} {'shape (B,C,H,W,L)':22} {'impl':22} {'fwd ms':>8} {'f+b ms':>8} {'peak MB':>9} {'f+b/dw7*':>9} {'mem/dw7*':>9}"
-    lines = []
-    for r in rows:
-        shape = f"{r['B']},{r['C']},{r['H']},{r['W']},{r['levels']}"
-        lines.append(f"{r['dtype']:5} {shape:22} {r['impl']:22} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} "
-                     f"{r['peak_mb']:9.1f} {r['fwdbwd_vs_best_dw7']:9.2f} {r['peak_vs_best_dw7']:9.2f}")
-    report(args.out, gpu_env(), hdr, lines, rows,
-           note="* ratio to the faster layout of depthwise 7x7 (cuDNN) in the same dtype and shape")
+            write_table(args.out, env, rows, quiet=True)  # after every shape: a run cut by a time limit keeps its rows
+    write_table(args.out, env, rows)
     return 0
 
 
