@@ -2,7 +2,6 @@
 
     git show REV:wtconvnext/ops/triton_kernels.py > /tmp/base_kernels.py
     python benchmarks/ab_kernels.py --baseline /tmp/base_kernels.py [--dtypes bf16 fp32] [--out results/ab.json]
-    python benchmarks/ab_kernels.py --mma [--split 0] [--syn1 0] [--dtypes bf16]  # FMA vs tensor-core kernels
     python benchmarks/ab_kernels.py --tuning syn1=0 [--dtypes bf16] [--parts wgrad]  # today's TUNING vs these
 
 For each WTConvNeXt-T stage shape and the high-resolution one, it times both versions' forward, input-gradient
@@ -10,9 +9,6 @@ pass (the same with rotated kernels, on dy) and parameter gradients, each with t
 checks that both give the same results, and prints the speedups. Either version may have today's launcher API
 (``coefficients`` / ``wtconv_forward`` / ``weight_partials`` / ``param_grads``) or the low-pass-pyramid API of
 v5 to v7 (``ll_pyramid`` / ``wtconv_forward`` / ``correlations`` / ``param_grads``).
-``--mma`` compares the current kernels with themselves, the convolutions and weight gradients on the FMA kernels
-(baseline) and on the tensor cores (``wtconvnext/ops/mma_kernels.py``; ``--split 0``: single-rounded weights;
-``--syn1 0``: level 1 synthesised by its own launch, not by the base convolution).
 ``--tuning KEY=VALUE ...`` compares the current kernels with themselves, under today's ``TUNING`` (baseline) and
 with those entries changed (e.g. ``syn1=0``: level 1 synthesised by its own launch, not by the base convolution);
 ``--parts`` times only the passes named (``wgrad`` alone compiles no convolution).
@@ -34,14 +30,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import DTYPES, SHAPES, _bench  # noqa: E402
-from benchmarks.common import gpu_env, mma_switched, with_entries, write_json, wtconv_inputs  # noqa: E402
+from benchmarks.common import gpu_env, with_entries, write_json, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import triton_kernels as current  # noqa: E402
 
 
 def _load(path: str) -> ModuleType:
     if not Path(path).is_file():
         raise SystemExit(f"--baseline {path!r}: no such file")
-    # Named inside the package, so that a copy's relative imports (its mma_kernels) resolve.
+    # Named inside the package, so that a copy's relative imports (launch_plan, small_kernels) resolve.
     spec = importlib.util.spec_from_file_location("wtconvnext.ops._baseline_triton_kernels", path)
     if spec is None or spec.loader is None:
         raise SystemExit(f"--baseline {path!r}: not a Python file")
@@ -114,10 +110,6 @@ def _max_rel(a, b) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--baseline", help="a copy of wtconvnext/ops/triton_kernels.py to compare with")
-    ap.add_argument("--mma", action="store_true", help="baseline: FMA convolutions; current: tensor-core ones")
-    ap.add_argument("--split", type=int, default=1, choices=[0, 1], help="--mma: weights as hi + lo operands")
-    ap.add_argument("--syn1", type=int, default=1, choices=[0, 1],
-                    help="--mma: the base convolution synthesises level 1 itself")
     ap.add_argument("--tuning", nargs="+", metavar="KEY=VALUE",
                     help="baseline: today's TUNING; current: with these entries changed")
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=list(DTYPES))
@@ -129,8 +121,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--check", action="store_true", help="one small shape, run once: checks the script")
     args = ap.parse_args(argv)
-    if args.mma + bool(args.baseline) + bool(args.tuning) != 1:
-        ap.error("give one of --baseline FILE, --mma or --tuning KEY=VALUE ...")
+    if bool(args.baseline) + bool(args.tuning) != 1:
+        ap.error("give one of --baseline FILE or --tuning KEY=VALUE ...")
     overrides = _tuning_overrides(ap, args.tuning or [])
     base = _load(args.baseline) if args.baseline else current
     on_gpu = args.device == "cuda"
@@ -151,10 +143,7 @@ def main(argv=None) -> int:
             x, dy, params = wtconv_inputs(b, c, h, w, levels, dtype, args.device, k)
             x, dy = x.contiguous(memory_format=torch.channels_last), dy.contiguous(memory_format=torch.channels_last)
             parts = [_parts(mod, x, dy, params, k, levels) for mod in (base, current)]
-            if args.mma:
-                parts = [{name: mma_switched(fn, on, split=args.split, syn1=args.syn1) for name, fn in p.items()}
-                         for p, on in zip(parts, (False, True))]
-            elif overrides:
+            if overrides:
                 parts[1] = {name: with_entries(fn, current.TUNING, overrides) for name, fn in parts[1].items()}
             for part in [p for p in args.parts if all(p in q for q in parts)]:
                 results = [p[part]() for p in parts]  # also compiles outside the timing
@@ -172,9 +161,7 @@ def main(argv=None) -> int:
                 print(f"{dname:5} {f'{b},{c},{h},{w},{levels}':18} {part:6} {ms[0]:12.3f} {ms[1]:11.3f} "
                       f"{ms[0] / ms[1]:7.2f}x {diff:13.1e}", flush=True)
     if args.out:
-        if args.mma:
-            what = dict(baseline="fma", current=f"mma split={args.split} syn1={args.syn1}")
-        elif overrides:
+        if overrides:
             what = dict(baseline=f"TUNING {current.TUNING}", current=f"TUNING with {overrides}")
         else:
             what = dict(baseline=args.baseline)

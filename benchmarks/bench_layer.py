@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import gpu_env, mma_switched, report, with_entries, write_json, wtconv_inputs  # noqa: E402
+from benchmarks.common import gpu_env, report, with_entries, write_json, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
@@ -83,12 +83,6 @@ def _cases(b, c, h, w, levels, dtype, k=5, variants=()):
 
     cases["wtconv_triton_nchw"] = wt("triton", torch.contiguous_format)
     cases["wtconv_triton_cl"] = wt("triton", cl)
-    if dtype in (torch.bfloat16, torch.float16):
-        # The kernel-model A/B (issue 14): the convolutions on tensor cores, with split and single-rounded weights,
-        # whatever the default is.
-        cases["wtconv_triton_cl_fma"] = _with_mma(wt("triton", cl), False)
-        cases["wtconv_triton_cl_mma"] = _with_mma(wt("triton", cl), True)
-        cases["wtconv_triton_cl_mma1"] = _with_mma(wt("triton", cl), True, split=0)
     for v, entries in variants:  # the channels-last layer with TUNING overrides (an A/B of a knob, same run)
         fwd, fwdbwd, xi = wt("triton", cl)
         cases[f"wtconv_triton_cl+{v}"] = (with_entries(fwd, tk.TUNING, entries),
@@ -99,12 +93,6 @@ def _cases(b, c, h, w, levels, dtype, k=5, variants=()):
     cases["dw5_nchw"] = dw(dw5, torch.contiguous_format)
     cases["dw5_cl"] = dw(dw5, cl)
     return cases
-
-
-def _with_mma(case, enabled: bool, **tuning: int):
-    """A case's callables with the tensor-core kernels switched on or off (and ``MMA_TUNING`` overrides)."""
-    fwd, fwdbwd, xi = case
-    return mma_switched(fwd, enabled, **tuning), mma_switched(fwdbwd, enabled, **tuning), xi
 
 
 _ROW = re.compile(r"^(\w+) (\d+),(\d+),(\d+),(\d+),(\d+) (\S+): fwd ([\d.]+) ms, fwd\+bwd ([\d.]+) ms, ([\d.]+) MB$")

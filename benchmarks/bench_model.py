@@ -13,14 +13,11 @@ backward (the detection / segmentation use). ``--multiscale``: compiled AMP trai
 channels_last, as timm's train.py does with --channels-last (cuDNN's fast depthwise kernels are NHWC). Prints a
 table with the ratios WTConvNeXt / ConvNeXt and writes JSON. ``--check`` runs the smallest case of every task once
 on the CPU (``test_convnext`` vs ``test_wtconvnext``, 64 px): it checks the script, it does not time anything.
-``--mma`` adds WTConvNeXt rows with the tensor-core convolutions (``wtconvnext/ops/mma_kernels.py``, model name
-``+mma``) to every bf16 task, in the same run: the kernel-model A/B at the model level.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from pathlib import Path
 
@@ -53,22 +50,6 @@ def _compile(model):
 def _step_begin(compile_: bool) -> None:
     if compile_ and COMPILE_MODE == "reduce-overhead":
         torch.compiler.cudagraph_mark_step_begin()
-
-
-@contextlib.contextmanager
-def _kernels(mma: bool, compile_: bool):
-    """The WTConv kernels of one case: the tensor-core ones or not (read at every launch, and when a compiled
-    graph is traced: dynamo's caches are reset so that no graph of the other setting is reused)."""
-    from wtconvnext.ops import mma_kernels
-
-    was = mma_kernels.ENABLED
-    mma_kernels.ENABLED = mma
-    if compile_:
-        torch._dynamo.reset()
-    try:
-        yield
-    finally:
-        mma_kernels.ENABLED = was
 
 
 def _sync() -> None:
@@ -247,7 +228,6 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--check", action="store_true", help="the smallest case of every task once, on the CPU")
-    ap.add_argument("--mma", action="store_true", help="also WTConvNeXt with the tensor-core kernels (bf16 tasks)")
     args = ap.parse_args(argv)
     global COMPILE_MODE, DEVICE
     COMPILE_MODE = args.compile_mode
@@ -273,19 +253,14 @@ def main(argv=None) -> int:
     # Eager first, compiled (slow to build) last, so a time-limited run keeps the eager figures.
     for size in args.sizes:
         pair = _pair(size)
-        # (timm name, tensor-core kernels): ConvNeXt, WTConvNeXt, and with --mma WTConvNeXt on the tensor cores.
-        variants = [(pair[0], False), (pair[1], False)] + ([(pair[1], True)] if args.mma else [])
-
-        def each(amp: bool):
-            """The variants of a task in this precision (the tensor cores take bf16 / fp16 layers only)."""
-            return [(name, mma, name + ("+mma" if mma else "")) for name, mma in variants if amp or not mma]
 
         def run(task: str, amp: bool, compile_: bool) -> None:
             case, batch = (_train_case, args.batch) if task == "train" else (_infer_case, args.infer_batch)
-            for name, mma, label in each(amp):
-                with _kernels(mma, compile_):
-                    add(size, label, task, amp, compile_, batch,
-                        case(name, amp, compile_, batch, args.warmup, args.iters, res), res)
+            for name in pair:
+                if compile_:  # each compiled row traces from empty caches: no graph of an earlier row is reused
+                    torch._dynamo.reset()
+                add(size, name, task, amp, compile_, batch,
+                    case(name, amp, compile_, batch, args.warmup, args.iters, res), res)
 
         if not args.compiled_only:
             for task in ("train", "infer"):
@@ -294,19 +269,17 @@ def main(argv=None) -> int:
             if args.dense or args.check:
                 for dres, dbatch in dense:
                     for train in (False, True):
-                        for name, mma, label in each(True):
-                            with _kernels(mma, False):
-                                add(size, label, "dense_train" if train else "dense_infer", True, False, dbatch,
-                                    _dense_case(name, train, dbatch, dres, args.warmup, args.iters), dres)
+                        for name in pair:
+                            add(size, name, "dense_train" if train else "dense_infer", True, False, dbatch,
+                                _dense_case(name, train, dbatch, dres, args.warmup, args.iters), dres)
         if not args.no_compile:
             for amp in (True,) if args.compile_amp_only else (True, False):
                 run("train", amp, True)
             if args.multiscale or args.check:
                 mbatch = 16 if not args.check else 2
-                for name, mma, label in each(True):
-                    with _kernels(mma, True):
-                        add(size, label, "multiscale", True, True, mbatch,
-                            _multiscale_case(name, mbatch, multiscale, max(args.iters // 4, 1)), 0)
+                for name in pair:  # _multiscale_case resets dynamo's caches itself
+                    add(size, name, "multiscale", True, True, mbatch,
+                        _multiscale_case(name, mbatch, multiscale, max(args.iters // 4, 1)), 0)
 
     by = {(r["size"], r["model"], r["task"], r["amp"], r["compile"], r["res"]): r for r in rows}
     for r in rows:

@@ -66,24 +66,6 @@ def with_entries(fn: Any, table: dict, entries: dict) -> Any:
     return run
 
 
-def mma_switched(fn: Any, enabled: bool, **tuning: int) -> Any:
-    """``fn`` with the tensor-core convolution kernels (``wtconvnext.ops.mma_kernels``) switched on or off, and
-    ``tuning`` set in their ``MMA_TUNING`` (``split=0``, ``syn1=0``...), while it runs (the A/B of issue 14)."""
-    from wtconvnext.ops import mma_kernels as mk
-
-    tuned = with_entries(fn, mk.MMA_TUNING, tuning)
-
-    def run() -> Any:
-        was = mk.ENABLED
-        mk.ENABLED = enabled
-        try:
-            return tuned()
-        finally:
-            mk.ENABLED = was
-
-    return run
-
-
 def write_json(path: str | Path, payload: Any) -> None:
     """Write ``payload`` as JSON to ``path`` through a temporary sibling, so a killed run never leaves half a file."""
     out = Path(path)

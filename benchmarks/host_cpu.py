@@ -50,7 +50,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import report, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import launch_plan  # noqa: E402
-from wtconvnext.ops import mma_kernels as mk  # noqa: E402
 from wtconvnext.ops import small_kernels as sk  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
@@ -86,9 +85,9 @@ class _StandInKernel:
 def no_kernels(mode: str) -> Iterator[None]:
     """Inside: every launch of the fused WTConv does no work (``mode`` one of MODES, see the module
     docs)."""
-    # Every kernel module: the launchers reach the tensor-core and the small-map kernels through their modules (a
-    # real kernel left in place would run in the interpreter, on uninitialised data, for minutes).
-    saved_mods = {mod: dict(vars(mod)) for mod in (tk, mk, sk)}
+    # Every kernel module: the launchers reach the small-map kernels through their module (a real kernel left in
+    # place would run in the interpreter, on uninitialised data, for minutes).
+    saved_mods = {mod: dict(vars(mod)) for mod in (tk, sk)}
     saved, const_names = saved_mods[tk], dict(tk._CONST_NAMES)
     plans_on, direct_on, direct_env = launch_plan.ENABLED, launch_plan.DIRECT, launch_plan._direct_env
     launch_plan.clear()  # plans hold launchers: none may outlive the mode that recorded it

@@ -5,8 +5,7 @@
         python benchmarks/ncu_layer.py [--stage 0] [--dtype bf16]
 
 The layer runs three times first (compiles the kernels outside the profiled range). ``--stage`` picks a WTConvNeXt-T
-stage shape of ``bench_layer.SHAPES`` (B=128), channels_last input. With ``WTCONVNEXT_MMA=1`` the bf16 layer runs
-the tensor-core kernels (``_mma_conv_kernel``, ``_mma_wgrad_kernel``: the same regex matches them).
+stage shape of ``bench_layer.SHAPES`` (B=128), channels_last input.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def layer_peak(b: int, c: int, h: int, w: int, levels: int, separate_dx: bool) -
     chosen = wtconv_triton.input_grad_buffer
     try:
         if separate_dx:
-            wtconv_triton.input_grad_buffer = lambda dys, coef, lv, k: torch.empty(
+            wtconv_triton.input_grad_buffer = lambda dys, coef, lv: torch.empty(
                 dys.shape, dtype=dys.dtype, memory_format=torch.channels_last)
         # The counter first: launch plans bind torch.empty when they are recorded.
         with AllocationCounter() as counter, no_kernels("planned"):

@@ -4,12 +4,10 @@ Also prints the wall time per iteration without the profiler: when it is well ab
 is bound by host-side launch overhead, not by the GPU; ``--host`` then adds a cProfile of the Python side (top
 functions by own time).
 
-    python benchmarks/profile_layer.py [--shapes 0 3] [--dtypes fp32 bf16] [--cl] [--mma] [--host]
-                                       [--tuning KEY=V ...]
+    python benchmarks/profile_layer.py [--shapes 0 3] [--dtypes fp32 bf16] [--cl] [--host] [--tuning KEY=V ...]
 
-``--mma``: the bf16 convolutions on the tensor cores (wtconvnext/ops/mma_kernels.py; implies --cl). ``--tuning``:
-``triton_kernels.TUNING`` entries for the run (e.g. ``wgrad_pair=1``: kernel time, not wall time, decides an A/B of
-a launch-shape knob at host-bound shapes).
+``--tuning``: ``triton_kernels.TUNING`` entries for the run (e.g. ``wgrad_pair=1``: kernel time, not wall time,
+decides an A/B of a launch-shape knob at host-bound shapes).
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", type=int, nargs="+", default=[0, 3])
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"])
     ap.add_argument("--cl", action="store_true", help="channels_last input")
-    ap.add_argument("--mma", action="store_true", help="tensor-core convolutions (bf16, channels_last)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--host", action="store_true", help="also cProfile the host side of fwd + bwd")
     ap.add_argument("--tuning", nargs="*", default=[], metavar="KEY=V", help="TUNING entries for the run")
@@ -52,8 +49,6 @@ def main(argv=None) -> int:
             b, c, h, w, levels = SHAPES[si]
             cases = _cases(b, c, h, w, levels, DTYPES[dname])
             name = "wtconv_triton_cl" if args.cl else "wtconv_triton_nchw"
-            if args.mma and "wtconv_triton_cl_mma" in cases:
-                name = "wtconv_triton_cl_mma"
             _, fwdbwd, _ = cases[name]
             for _ in range(3):
                 fwdbwd()

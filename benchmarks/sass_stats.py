@@ -27,8 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import compile_sm90, write_json  # noqa: E402
 
 KERNELS = ["conv_base", "conv_base_syn1", "conv_levels", "dx_base", "small", "small_dx",
-           "wgrad_base", "wgrad_levels", "wgrad_levels_unroll", "wgrad_levels_fp32",
-           "mma_conv_base", "mma_conv_base_syn1", "mma_conv_levels", "mma_wgrad_base", "mma_wgrad_levels"]
+           "wgrad_base", "wgrad_levels", "wgrad_levels_unroll", "wgrad_levels_fp32"]
 _INSTR = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[.\s]")
 _BRANCH = re.compile(r"BRA\s+`?\((\.L_x_\d+)\)")
 
@@ -43,20 +42,6 @@ def _case(name: str, ch: int, dtype: str):
     tun = tk.TUNING
     levels = 4 if "levels" in name else 0
     cc = 4 * ch if levels else ch
-    if name.startswith("mma"):
-        from wtconvnext.ops import mma_kernels as mk
-
-        t, opd = mk.MMA_TUNING, tl.float16 if dtype == "fp16" else tl.bfloat16
-        if "conv" in name:
-            sig = dict(x_ptr=x, acc_ptr=x, acc2_ptr=x, y_ptr=x, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32, W=i32,
-                       B=i32)
-            const = dict(CC=cc, K=5, LEVELS=levels, BC=t["conv_bc"], STRIDE=1, HAS_ACC=not levels,
-                         HAS_BIAS=not levels, FLIP=False, SPLIT=bool(t["split"]), RND=opd, OPD=opd,
-                         SYN1=name.endswith("syn1"), HAS_ACC2=name.endswith("syn1"))
-            return mk._mma_conv_kernel, sig, const, t["conv_warps"]
-        sig = dict(x_ptr=x, g_ptr=x, part_ptr=f32, H=i32, W=i32, B=i32)
-        const = dict(CC=cc, K=5, TP=32, LEVELS=levels, BC=t["wgrad_bc"], DSUM=not levels, OPD=opd)
-        return mk._mma_wgrad_kernel, sig, const, t["wgrad_warps"]
     if name.startswith("small"):  # a small map's whole pass (WTConvNeXt-T stage 3: 14 x 14, 3 levels)
         from wtconvnext.ops import small_kernels as sk
 
@@ -110,20 +95,7 @@ def loops(sass: str) -> list[dict]:
     return rows
 
 
-def useful_fma(name: str, const: dict, warps: int, ops: dict, width: int) -> float:
-    """Multiply-adds of the convolution itself that one warp's pass through a loop body does, on maps ``width``
-    columns wide: FMA kernels 32 lanes x FFMA; tensor-core kernels per HMMA (m16n8k16, half a strip's 16 output
-    slots; two per tap row, four with the weights split in two): 16 segments x the strip's used columns x K taps
-    / 2 (strips of NQ <= 17 - K columns, the map's share of them)."""
-    if not name.startswith("mma"):
-        return 32.0 * ops.get("FFMA", 0)
-    k = const["K"]
-    strips = -(-width // (17 - k))
-    per_hmma = 16 * (width / strips) * k / 2 / (2 if const.get("SPLIT") else 1)
-    return ops.get("HMMA", 0) * per_hmma
-
-
-def analyse(name: str, ch: int, dtype: str, width: int = 56) -> dict:
+def analyse(name: str, ch: int, dtype: str) -> dict:
     """Compile one kernel for sm_90, disassemble it and count its loops' instructions."""
     fn, sig, const, warps = _case(name, ch, dtype)
     compiled = compile_sm90(fn, sig, const, warps)
@@ -134,9 +106,9 @@ def analyse(name: str, ch: int, dtype: str, width: int = 56) -> dict:
         res = subprocess.run([_tool("cuobjdump"), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
     regs = re.search(r"REG:(\d+)", res)
     rows = loops(sass)
-    for lp in rows:
-        lp["useful_fma_per_instr"] = useful_fma(name, const, warps, lp["ops"], width) / lp["instructions"]
-    return dict(kernel=name, channels=ch, dtype=dtype, registers=int(regs.group(1)) if regs else None, width=width,
+    for lp in rows:  # a warp's FFMA is 32 lanes' multiply-adds
+        lp["useful_fma_per_instr"] = 32.0 * lp["ops"].get("FFMA", 0) / lp["instructions"]
+    return dict(kernel=name, channels=ch, dtype=dtype, registers=int(regs.group(1)) if regs else None,
                 constexprs={k: str(v) for k, v in const.items()}, loops=rows)
 
 
@@ -145,17 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", nargs="+", default=KERNELS, choices=KERNELS)
     ap.add_argument("--channels", type=int, default=96)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
-    ap.add_argument("--width", type=int, default=56, help="map width for the useful-FMA count (strip packing)")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET"):
         # The interpreter's decorators cannot compile: run again without it.
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         return subprocess.run([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:])], env=env).returncode
-    rows = [analyse(k, args.channels, args.dtype, args.width) for k in args.kernels]
+    rows = [analyse(k, args.channels, args.dtype) for k in args.kernels]
     print(f"sm_90 SASS, {args.dtype}, C={args.channels}: loop bodies (instructions per iteration of each loop)")
     print("(an outer loop's count includes the bodies of the loops nested in it, named after '>')")
-    print(f"{'kernel':18} {'regs':>4}  {'loop':20} {'instr':>6} {'FFMA':>5} {'HMMA':>5} {'LDG':>4} {'instr/FFMA':>10} "
+    print(f"{'kernel':18} {'regs':>4}  {'loop':20} {'instr':>6} {'FFMA':>5} {'LDG':>4} {'instr/FFMA':>10} "
           f"{'FMA/instr':>9}  top")
     for r in rows:
         for lp in r["loops"]:
@@ -165,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             top = " ".join(f"{k}:{v}" for k, v in list(ops.items())[:6])
             name = lp["label"] + (">" + ",".join(lp["contains"]) if lp["contains"] else "")
             print(f"{r['kernel']:18} {r['registers'] or '?':>4}  {name:20} {lp['instructions']:>6} {ffma:>5} "
-                  f"{ops.get('HMMA', 0):>5} {ops.get('LDG', 0):>4} {per:>10} {lp['useful_fma_per_instr']:9.1f}  {top}")
-    print(f"FMA/instr: useful multiply-adds per warp instruction of the loop body, maps {args.width} columns wide")
+                  f"{ops.get('LDG', 0):>4} {per:>10} {lp['useful_fma_per_instr']:9.1f}  {top}")
+    print("FMA/instr: useful multiply-adds per warp instruction of the loop body")
     if args.json:
         write_json(args.json, dict(rows=rows))
     return 0

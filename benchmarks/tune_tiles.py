@@ -67,7 +67,7 @@ def main(argv=None) -> int:
                 tk.weight_partials(x, dy, cx, cdy, k, levels)
 
             for kern, fn in (("conv", fwd), ("patch", fwd), ("wgrad", wgrad)):
-                if kern != "wgrad" and tk.small_applies(x, levels, k):
+                if kern != "wgrad" and tk.small_applies(x, levels):
                     continue  # a small map's pass is one launch of its own, with its own small_* knobs
                 names = list(KNOBS[kern])
                 for cfg in itertools.product(*(getattr(args, f"{kern}_{n}") for n in names)):

@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
-# The kernel-model A/B of issue 14 (one or two GPU calls): FMA (explicit columns) vs tensor-core (mma) convolutions.
-#   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [abmma] [layer] [profile] [compiled] [pmodel]
-#                          [graphs] [host] [launch] [pair] [eager] [warm]
+# The kernels' GPU checks, A/Bs and benchmarks (issue 14 on), step by step in device calls of at most 10 minutes.
+#   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [layer] [profile] [compiled] [pmodel]
+#                          [graphs] [host] [launch] [pair] [pgrad] [eager] [warm]
 # TCACHE=DIR: Triton's compiled kernels are unpacked from DIR first and packed into OUTDIR last
 # (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles. The parts (binaries only,
 # 15 MiB each) must come back as files of their own: with $OUT set (the device machine) they are copied there, beside
 # the results' tarball (which should leave them out); here, put them into an ignored folder (e.g. .tcache) to carry.
-# (default: tests abtune layer profile, into results/gpu_ab; about 4, 2.5, 6, 5, 2.5, 2, 3, 3, 5.5 and 3 minutes
-# on an H200: device calls of at most 10 minutes, e.g. "compiled pmodel", "abrows abtune", "tests layer profile",
-# "graphs host").
+# (default: tests abtune layer profile, into results/gpu_ab; about 4 (tests), 2.5 (abrows), 6 (abtune), 2.5 (layer),
+# 2 (profile), 3 (compiled), 3 (pmodel), 5.5 (graphs) and 3 (host) minutes on an H200, layer and profile timed
+# with the tensor-core rows since removed: device calls of at most 10 minutes, e.g. "compiled pmodel",
+# "abrows abtune", "tests layer profile", "graphs host").
 # Needs the golden data (see gpu_check.sh).
-# 1. correctness of both kernel sets on the GPU (golden data, the op contract, stage shapes, mma vs FMA),
+# 1. correctness on the GPU (golden data, the op contract, stage shapes),
 # 2. pass by pass (forward, input gradient, weight gradients) at every stage shape: "abrows", today's kernels against
-#    $AB_BASELINE; "abtune", the FMA kernels' loop variants (TUNING syn1, wgrad_unroll off) against
-#    today's launches; "abmma", FMA vs tensor-core kernels (ab_kernels.py --mma),
-#    weights split into hi + lo operands and rounded once, level 1 synthesised by the base convolution or not,
-# 3. the layer table with both (bench_layer.py --quick --dtypes bf16: rows wtconv_triton_cl_fma / _mma / _mma1),
-# 4. per-kernel CUDA time of the FMA and the mma layer at every stage (profile_layer.py --cl / --mma).
+#    $AB_BASELINE; "abtune", the kernels' loop variants (TUNING syn1, wgrad_unroll off) against today's launches;
+#    "absmall", the small maps' one-launch pass against the multi-launch one and its launch variants,
+# 3. the layer table (bench_layer.py --quick --dtypes bf16),
+# 4. per-kernel CUDA time of the layer at every stage (profile_layer.py --cl).
 # Each step has its own time limit and writes under OUTDIR as it goes, so a cut call keeps what ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +53,7 @@ fi
 if [[ "$what" == *tests* ]]; then
   # pytest-xdist workers side by side (scripts/gpu_tests.sh): compiling the kernels' specialisations (CPU-bound)
   # is most of the time.
-  sel="${TESTS_K:-mma or golden or dtypes or low_precision or deterministic or fast_launch or $more}"
+  sel="${TESTS_K:-past_2_pow_31 or amp_training or golden or dtypes or low_precision or deterministic or fast_launch or $more}"
   LIMIT=${TESTS_LIMIT:-420} bash scripts/gpu_tests.sh "$out" "${TESTS_WORKERS:-12}" -k "$sel" > /dev/null || rc=1
   tail -15 "$out/gpu_tests.log"
 fi
@@ -84,17 +84,11 @@ if [[ "$what" == *absmall* ]]; then
       --out "$out/ab_$tag.json"
   done
 fi
-if [[ "$what" == *abmma* ]]; then
-  step 120 ab_mma.txt "$py" benchmarks/ab_kernels.py --mma --dtypes bf16 --out "$out/ab_mma.json"
-  step 90 ab_mma_split0.txt "$py" benchmarks/ab_kernels.py --mma --split 0 --dtypes bf16 --out "$out/ab_mma_split0.json"
-  step 90 ab_mma_syn0.txt "$py" benchmarks/ab_kernels.py --mma --syn1 0 --dtypes bf16 --out "$out/ab_mma_syn0.json"
-fi
 if [[ "$what" == *layer* ]]; then
   step 150 layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --out "$out/layer.json"
 fi
 if [[ "$what" == *profile* ]]; then
   step 60 profile_fma.txt "$py" benchmarks/profile_layer.py --shapes 0 1 2 3 --dtypes bf16 --cl
-  step 60 profile_mma.txt "$py" benchmarks/profile_layer.py --shapes 0 1 2 3 --dtypes bf16 --mma
 fi
 # The compiled model (issue 15): ConvNeXt-T and WTConvNeXt-T compiled side by side, each from cold caches (compile
 # time, step time, memory: about 3 minutes), the compiled

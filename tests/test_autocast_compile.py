@@ -47,14 +47,8 @@ def _forward_backward(fn, layer: WTConv2d, x: torch.Tensor, dy: torch.Tensor, dt
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
-@pytest.mark.parametrize("channels_last,kernels", [(False, "fma"), (True, "fma"), (True, "mma")],
-                         ids=["nchw", "nhwc", "nhwc-mma"])
-def test_compiled_under_autocast_matches_eager(dtype: torch.dtype, channels_last: bool, kernels: str,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Also with the tensor-core kernels (wtconvnext/ops/mma_kernels.py) switched on."""
-    from wtconvnext.ops import mma_kernels
-
-    monkeypatch.setattr(mma_kernels, "ENABLED", kernels == "mma")
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_compiled_under_autocast_matches_eager(dtype: torch.dtype, channels_last: bool) -> None:
     torch._dynamo.reset()
     layer = _layer(c=4, k=3, levels=2)
     g = torch.Generator().manual_seed(3)

@@ -54,18 +54,6 @@ def test_ab_kernels_script_reports_what_differs(tmp_path: Path) -> None:
         assert diffs["perturbed"][part] == pytest.approx(1e-3 / (1 + 1e-3), rel=1e-3), part
 
 
-def test_ab_kernels_mma_mode(tmp_path: Path) -> None:
-    """--mma: the FMA and the tensor-core convolutions side by side, every part within bf16 rounding of the other."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    out = tmp_path / "mma.json"
-    assert ab_kernels.main(["--mma", "--dtypes", "bf16", "--device", device, "--check", "--out", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
-    assert [r["part"] for r in rows] == ["fwd", "dx", "wgrad", "bwd"]
-    assert all(r["max_rel_diff"] <= 1e-2 for r in rows), rows
-    with pytest.raises(SystemExit):
-        ab_kernels.main(["--device", "cpu", "--check"])  # neither --baseline nor --mma
-
-
 def test_ab_kernels_tuning_mode(tmp_path: Path) -> None:
     """--tuning syn1=0: today's launch settings against the separate level-1 synthesis, the same results to fp32
     rounding; --parts times only the passes named; an unknown key is a usage error naming the keys."""
@@ -87,6 +75,8 @@ def test_ab_kernels_tuning_mode(tmp_path: Path) -> None:
 def test_ab_kernels_rejects_a_missing_baseline(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no such file"):
         ab_kernels.main(["--baseline", str(tmp_path / "nope.py"), "--device", "cpu", "--check"])
+    with pytest.raises(SystemExit):
+        ab_kernels.main(["--device", "cpu", "--check"])  # neither --baseline nor --tuning
 
 
 def test_sass_stats_counts_the_loops_of_real_machine_code(tmp_path: Path) -> None:
@@ -123,8 +113,7 @@ def test_report_prints_the_table_and_writes_json(tmp_path: Path, capsys) -> None
 
 def test_bench_model_runs_every_task(tmp_path: Path) -> None:
     """The model benchmark end to end on the CPU (--check: one step of every task, test-sized models): each row has
-    its ConvNeXt counterpart's ratio, and the multi-scale rows count their graphs. (The --mma rows are not run
-    here: under the interpreter they doubled this test's 200 s; the GPU runs them.)"""
+    its ConvNeXt counterpart's ratio, and the multi-scale rows count their graphs."""
     from benchmarks import bench_model
 
     out = tmp_path / "model.json"
@@ -135,7 +124,6 @@ def test_bench_model_runs_every_task(tmp_path: Path) -> None:
         for task, compiled in (("train", False), ("infer", False), ("dense_infer", False), ("dense_train", False),
                                ("train", True), ("multiscale", True)):
             assert (model, task, compiled) in tasks
-    assert not any(r["model"].endswith("+mma") for r in rows)
     assert any(not r["amp"] for r in rows if r["model"] == "test_wtconvnext")
     assert all(r["throughput_vs_convnext"] > 0 for r in rows)
     assert all(r["graphs"] >= 1 and len(r["ms_per_size"]) == 3 for r in rows if r["task"] == "multiscale")

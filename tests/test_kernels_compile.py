@@ -69,15 +69,13 @@ def _cases():
         yield tk._fold_kernel, dict(**params, bw_ptr=f32, bb_ptr=f32, lw_ptr=f32), \
             dict(C=96, K=5, TP=32, HAS_BIAS=True, BLOCK_C=64, COMPUTE=fp, ROUND=round_to)
         yield tk._param_grads_kernel, dict(bpart_ptr=f32, lpart_ptr=f32, **params, **grads, **ints), \
-            dict(C=96, K=5, TP=32, LEVELS=5, BW=7, HAS_BIAS=True, BLOCK_C=32, COMPUTE=fp, ROUND=round_to,
-                 MMA_K=5 if round_to is not None else 0, RB=16)
+            dict(C=96, K=5, TP=32, LEVELS=5, BW=7, HAS_BIAS=True, BLOCK_C=32, COMPUTE=fp, ROUND=round_to, RB=16)
     yield tk._param_grads_kernel, dict(bpart_ptr=f32, lpart_ptr=f32, **params, **grads), \
         dict(R0=1, H=1, W=1, B=1, IMGS=1, C=96, K=5, TP=32, LEVELS=2, BW=7, HAS_BIAS=True, BLOCK_C=32, COMPUTE=fp,
-             ROUND=None, MMA_K=0, RB=16)
+             ROUND=None, RB=16)
     yield tk._param_grads_kernel, dict(bpart_ptr=f32, lpart_ptr=f32, **{k: bf16 for k in [*params, *grads]}, **ints), \
-        dict(C=96, K=5, TP=64, LEVELS=2, BW=7, HAS_BIAS=False, BLOCK_C=32, COMPUTE=fp, ROUND=None, MMA_K=0, RB=8)
+        dict(C=96, K=5, TP=64, LEVELS=2, BW=7, HAS_BIAS=False, BLOCK_C=32, COMPUTE=fp, ROUND=None, RB=8)
     yield from _small_cases()
-    yield from _mma_cases()
 
 
 def _small_cases():
@@ -100,38 +98,6 @@ def _small_cases():
                                                COMPUTE=tl.float32, SYN1=1)
 
 
-def _mma_cases():
-    """The tensor-core kernels (wtconvnext/ops/mma_kernels.py) in the launchers' specialisations, bf16 and fp16
-    operands, every flag, and every int argument 1."""
-    import triton.language as tl
-
-    from wtconvnext.ops import mma_kernels as mk
-    from wtconvnext.ops.triton_kernels import _pow2
-
-    f32, i32 = "*fp32", "i32"
-    t = mk.MMA_TUNING
-    for dt, opd in (("*bf16", tl.bfloat16), ("*fp16", tl.float16)):
-        conv = dict(x_ptr=dt, acc_ptr=dt, acc2_ptr=dt, y_ptr=dt, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32, W=i32,
-                    B=i32)
-        wg = dict(x_ptr=dt, g_ptr=dt, part_ptr=f32, H=i32, W=i32, B=i32)
-        for k, levels, stride, base, split, syn1 in ((5, 0, 1, True, True, True), (5, 5, 1, False, True, False),
-                                                     (3, 0, 2, True, False, True), (7, 2, 1, False, False, False),
-                                                     (1, 0, 1, True, True, False)):
-            cc = 96 if levels == 0 else 384
-            yield mk._mma_conv_kernel, conv, dict(
-                CC=cc, K=k, LEVELS=levels, BC=t["conv_bc"], STRIDE=stride, HAS_ACC=base, HAS_BIAS=base,
-                FLIP=not base, SPLIT=split, RND=opd, OPD=opd, SYN1=syn1, HAS_ACC2=syn1 and k == 5)
-            yield mk._mma_wgrad_kernel, wg, dict(CC=cc, K=k, TP=_pow2(k * k + 1), LEVELS=levels, BC=t["wgrad_bc"],
-                                                 DSUM=levels == 0, OPD=opd)
-    bf = "*bf16"
-    for levels in (0, 2):
-        yield mk._mma_conv_kernel, dict(x_ptr=bf, acc_ptr=bf, acc2_ptr=bf, y_ptr=bf, w_ptr=f32, b_ptr=f32), dict(
-            acc2_off=1, H=1, W=1, B=1, CC=96, K=5, LEVELS=levels, BC=t["conv_bc"], STRIDE=1, HAS_ACC=True,
-            HAS_BIAS=True, FLIP=False, SPLIT=True, RND=tl.bfloat16, OPD=tl.bfloat16, SYN1=levels == 0, HAS_ACC2=True)
-        yield mk._mma_wgrad_kernel, dict(x_ptr=bf, g_ptr=bf, part_ptr=f32), dict(
-            H=1, W=1, B=1, CC=96, K=5, TP=32, LEVELS=levels, BC=t["wgrad_bc"], DSUM=True, OPD=tl.bfloat16)
-
-
 def _compile_all() -> int:
     from benchmarks.common import compile_sm90
 
@@ -139,10 +105,6 @@ def _compile_all() -> int:
     for fn, signature, constexprs in _cases():
         try:
             warps = 2 if fn.__name__.startswith("_small") else 8 if fn.__name__ == "_param_grads_kernel" else 4
-            if fn.__name__.startswith("_mma"):
-                from wtconvnext.ops import mma_kernels as mk
-
-                warps = mk.MMA_TUNING["conv_warps" if "conv" in fn.__name__ else "wgrad_warps"]
             compile_sm90(fn, signature, constexprs, warps)
         except Exception as e:  # report every failing kernel, then fail
             failed += 1

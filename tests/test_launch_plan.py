@@ -256,7 +256,7 @@ def test_input_gradient_is_written_into_dys_coefficient_buffer(plans, monkeypatc
     from wtconvnext.ops import wtconv_triton
 
     # the reference: dx in a map of its own
-    monkeypatch.setattr(wtconv_triton, "input_grad_buffer", lambda dys, coef, lv, kk: torch.empty_like(dys))
+    monkeypatch.setattr(wtconv_triton, "input_grad_buffer", lambda dys, coef, lv: torch.empty_like(dys))
     monkeypatch.setattr(launch_plan, "ENABLED", False)
     xs = x.clone().requires_grad_()
     ps = [p.clone().requires_grad_() for p in params]

@@ -249,19 +249,15 @@ def test_opcheck_and_compile():
         torch.testing.assert_close(a.grad, b)
 
 
-@pytest.mark.parametrize("kernels", ["fma", "mma"])
-def test_traced_op_runs_the_same_kernels(kernels, monkeypatch):
-    """The triton_op pair that compiled code on a GPU uses, run eagerly: bitwise the result of the eager path (fp32
-    on the FMA kernels; bf16 on the tensor-core ones)."""
-    from wtconvnext.ops import mma_kernels, wtconv_triton
+def test_traced_op_runs_the_same_kernels():
+    """The triton_op pair that compiled code on a GPU uses, run eagerly: bitwise the result of the eager path."""
+    from wtconvnext.ops import wtconv_triton
 
     if not wtconv_triton.TRITON_OP:
         pytest.skip("this torch has no torch.library.triton_op")
-    monkeypatch.setattr(mma_kernels, "ENABLED", kernels == "mma")
-    dtype = torch.bfloat16 if kernels == "mma" else torch.float32
     c, k, levels = 3, 5, 2
-    params = _params(c, k, levels, True, dtype)
-    x = torch.randn(2, c, 11, 7, device=DEVICE).to(dtype)
+    params = _params(c, k, levels, True, torch.float32)
+    x = torch.randn(2, c, 11, 7, device=DEVICE)
     assert wtconv_triton.traced_op_applies(x) == x.is_cuda
     eager, dy = _run(x, params, 1, "triton")
     xt = x.clone().requires_grad_()
@@ -487,7 +483,7 @@ def test_batch_chunks_bitwise_as_one_chunk(dtype, imgs, stride, pair, monkeypatc
     for kb in (0, 1):
         monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, "wgrad_imgs": imgs, "chunk_kb": kb,
                                            "wgrad_pair": pair})
-        chunks = tk.batch_chunks(x, levels, k)
+        chunks = tk.batch_chunks(x, levels)
         assert len(chunks) == (1 if kb == 0 else -(-5 // imgs)), chunks
         assert chunks[0][0] == 0 and chunks[-1][1] == 5 and all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
         assert all(b0 % imgs == 0 for b0, _ in chunks), chunks
@@ -590,28 +586,6 @@ def test_fast_launch_keys_on_triton_specialization(monkeypatch):
     assert launch(buf, 64)[0] == "jit" and launch(buf, 64)[0] == "jit"
 
 
-# The tensor-core kernels (wtconvnext/ops/mma_kernels.py) for bf16 / fp16 inputs: off by default until the H200 A/B
-# decides, so these switch them on. Under the interpreter their operands are fp32 tensors holding the rounded values
-# the GPU's bf16 / fp16 operands hold.
-MMA_SHAPES = [
-    # B, C, H, W, K, L, stride, bias
-    (2, 3, 14, 11, 5, 3, 1, True),
-    (3, 2, 5, 70, 5, 2, 1, False),  # 18 (image, strip) segments: a program's 16 straddle images
-    (1, 2, 12, 9, 3, 6, 2, True),  # stride 2; more levels than the map can halve
-    (1, 3, 9, 17, 7, 2, 1, True),
-    (2, 2, 6, 5, 1, 1, 1, True),
-]
-
-
-@pytest.fixture
-def mma_launches(monkeypatch):
-    """The tensor-core kernels switched on; yields the names of the kernels launched."""
-    from wtconvnext.ops import mma_kernels as mk
-
-    monkeypatch.setattr(mk, "ENABLED", True)
-    return _spy_launches(monkeypatch)
-
-
 def _low_precision_check(shape, dtype):
     """Every output in ``dtype`` and within ~2x the error of the reference computed in the same dtype (plus a small
     atol per dtype) of the float64 reference."""
@@ -630,57 +604,3 @@ def _low_precision_check(shape, dtype):
         assert o.dtype == dtype, name
         assert _rel(o, e) <= 2 * _rel(s, e) + atol, name
     return out
-
-
-@pytest.mark.parametrize("shape,dtype", [(s, torch.bfloat16) for s in MMA_SHAPES] + [(MMA_SHAPES[0], torch.float16)],
-                         ids=lambda v: "B{}C{}H{}W{}K{}L{}s{}b{}".format(*v) if isinstance(v, tuple) else str(v)[6:])
-def test_mma_kernels_low_precision(shape, dtype, mma_launches):
-    _low_precision_check(shape, dtype)
-    convs = mma_launches.count("_mma_conv_kernel")
-    assert convs == (2 if shape[5] else 1) * 2, mma_launches  # forward and input gradient
-    assert mma_launches.count("_mma_wgrad_kernel") == (2 if shape[5] else 1)
-    # Level 1 is synthesised by the base convolution itself: the synthesis launches cover levels 2.. only.
-    assert mma_launches.count("_synthesis_kernel") == (2 if shape[5] >= 2 else 0)
-    assert "_conv_kernel" not in mma_launches and "_wgrad_kernel" not in mma_launches
-
-
-def test_mma_kernels_single_rounded_weights(mma_launches, monkeypatch):
-    """split=0: the folded weights rounded once to bf16 (one product per tap row) stay within the same bound."""
-    from wtconvnext.ops import mma_kernels as mk
-
-    monkeypatch.setitem(mk.MMA_TUNING, "split", 0)
-    _low_precision_check(MMA_SHAPES[0], torch.bfloat16)
-
-
-@pytest.mark.parametrize("shape", [MMA_SHAPES[0], MMA_SHAPES[2]], ids=["L3", "L6s2"])
-def test_mma_kernels_without_fused_level1_synthesis(shape, mma_launches, monkeypatch):
-    """syn1=0: level 1 synthesised by the synthesis launch and added as acc_1, as the FMA path does."""
-    from wtconvnext.ops import mma_kernels as mk
-
-    from wtconvnext.ops.triton_kernels import _chunks
-
-    monkeypatch.setitem(mk.MMA_TUNING, "syn1", 0)
-    _low_precision_check(shape, torch.bfloat16)
-    assert mma_launches.count("_synthesis_kernel") == 2 * len(_chunks(shape[5]))
-
-
-def test_mma_kernels_deterministic(mma_launches):
-    b, c, h, w, k, levels, stride, bias = MMA_SHAPES[1]
-    params = _params(c, k, levels, bias, torch.bfloat16)
-    x = torch.randn(b, c, h, w, device=DEVICE).to(torch.bfloat16)
-    first, dy = _run(x, params, stride, "triton")
-    second, _ = _run(x, params, stride, "triton", dy)
-    for name, a, r in zip([n for n in NAMES if n != "dbias"], first, second):
-        assert torch.equal(a, r), name
-    assert "_mma_wgrad_kernel" in mma_launches
-
-
-def test_mma_kernels_fall_back_where_they_do_not_apply(mma_launches):
-    """fp32 inputs, and kernels wider than a strip holds (K > 15), take the FMA kernels."""
-    from wtconvnext.ops import mma_kernels as mk
-
-    assert not mk.mma_applies(torch.float32, 5) and not mk.mma_applies(torch.bfloat16, 17)
-    assert mk.mma_applies(torch.bfloat16, 15) and mk.mma_applies(torch.float16, 1)
-    x = torch.randn(1, 2, 6, 17, device=DEVICE)  # wider than small_max: the multi-launch kernels
-    _run(x, _params(2, 3, 1, True, torch.float32), 1, "triton")
-    assert "_conv_kernel" in mma_launches and "_mma_conv_kernel" not in mma_launches

@@ -25,16 +25,6 @@ torch.backends.cudnn.allow_tf32 = False
 STAGES = [(128, 96, 56, 56, 5), (128, 192, 28, 28, 4), (128, 384, 14, 14, 3), (128, 768, 7, 7, 2)]
 
 
-@pytest.fixture(params=["fma", "mma"])
-def kernels(request, monkeypatch):
-    """The convolution kernels of bf16 / fp16 layers: the explicit-column FMA kernels or the tensor-core ones
-    (wtconvnext/ops/mma_kernels.py, opt-in until the A/B decides)."""
-    from wtconvnext.ops import mma_kernels as mk
-
-    monkeypatch.setattr(mk, "ENABLED", request.param == "mma")
-    return request.param
-
-
 def _params(c, k, levels, dtype, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
 
@@ -77,7 +67,7 @@ def test_stage_shapes_fp32_vs_float64(shape, fmt):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_stage_shapes_low_precision(dtype, kernels):
+def test_stage_shapes_low_precision(dtype):
     """Error vs float64 within 2x that of the reference computed in the same dtype (plus a small floor)."""
     for b, c, h, w, levels in STAGES:
         b = 16
@@ -93,7 +83,7 @@ def test_stage_shapes_low_precision(dtype, kernels):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_weight_grads_bitwise_deterministic(dtype, kernels):
+def test_weight_grads_bitwise_deterministic(dtype):
     b, c, h, w, levels = STAGES[0]
     params = _params(c, 5, levels, dtype)
     x = torch.randn(b, c, h, w, device="cuda").to(dtype)
@@ -106,7 +96,7 @@ def test_weight_grads_bitwise_deterministic(dtype, kernels):
 
 
 @pytest.mark.parametrize("fmt", ["nchw", "cl"])
-def test_past_2_pow_31_elements(fmt, kernels, monkeypatch):
+def test_past_2_pow_31_elements(fmt, monkeypatch):
     """Planes are independent: check the first and last planes against the reference run on those planes alone.
     The batch runs as one chunk (TUNING chunk_kb 0), so that the kernels' offsets pass 2^31."""
     from wtconvnext.ops import triton_kernels as tk
@@ -154,7 +144,7 @@ def _loss_and_grads(model, x, target, autocast_dtype=None, scale=1.0):
 
 
 @pytest.mark.parametrize("amp", [torch.bfloat16, torch.float16])
-def test_wtconvnext_tiny_amp_training_matches_fp32(amp, kernels):
+def test_wtconvnext_tiny_amp_training_matches_fp32(amp):
     """One AMP step's loss and gradients match fp32; then AMP training (GradScaler for fp16) makes progress."""
     torch.manual_seed(0)
     model = timm.create_model("wtconvnext_tiny", num_classes=10).cuda()
@@ -312,20 +302,3 @@ def test_compiled_cuda_graphs_capture_the_traced_op():
     for a, b_ in zip(out, eager):
         assert _rel(a, b_) < 1e-2
 
-
-def test_mma_kernels_match_fma_at_stage_shapes(monkeypatch):
-    """The tensor-core and the FMA convolutions agree to bf16 rounding at every WTConvNeXt-T stage shape (B=128,
-    channels_last): the strip packing at 56, 28, 14 and 7 columns, every level's map."""
-    from wtconvnext.ops import mma_kernels as mk
-
-    for b, c, h, w, levels in STAGES:
-        params = _params(c, 5, levels, torch.bfloat16, seed=c)
-        x = torch.randn(b, c, h, w, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
-        dy = torch.randn_like(x)
-        outs = []
-        for on in (False, True):
-            monkeypatch.setattr(mk, "ENABLED", on)
-            outs.append(_fwd_bwd(x, params, dy, "triton"))
-        for name, f, m in zip(["y", "dx", "dw", "db", "dbs", "dww", "dws"], *outs):
-            assert torch.isfinite(m).all(), (c, name)
-            assert _rel(m, f) <= 1e-2, (c, name, _rel(m, f))

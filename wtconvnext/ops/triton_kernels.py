@@ -26,10 +26,6 @@ chain-rule kernel sums in a fixed order (deterministic, no atomics).
 The scales are folded into the weights once per call (``scale * W``, and the synthesis 1/2 into the level weights),
 so they cost no pass of their own and their gradients follow from the same correlations. Arithmetic is fp32 (fp64
 for fp64 inputs); stored values take the output tensor's dtype. Offsets that can pass 2^31 are int64.
-
-For bf16 / fp16 inputs the convolutions and weight gradients can run on tensor cores instead (:mod:`.mma_kernels`,
-opt-in with ``WTCONVNEXT_MMA=1`` until a GPU A/B decides); ``_conv_launch`` and ``weight_partials`` choose, and the
-analysis, synthesis, folding and chain-rule kernels here serve both.
 """
 
 from __future__ import annotations
@@ -61,13 +57,9 @@ PATCH_LEVELS = 5
 
 
 @triton.jit
-def _level_count(w, B, IMGS, BW: tl.constexpr, MMA_K: tl.constexpr):
-    """Programs a launch over every level gives a level of width w: ceil(B / IMGS) * ceil(w / BW) (FMA kernels),
-    or with MMA_K > 0 ceil(B * strips / 16), strips of up to 17 - K columns (the tensor-core kernels)."""
-    if MMA_K > 0:
-        return (B * ((w + 16 - MMA_K) // (17 - MMA_K)) + 15) // 16
-    else:
-        return ((B + IMGS - 1) // IMGS) * ((w + BW - 1) // BW)
+def _level_count(w, B, IMGS, BW: tl.constexpr):
+    """Programs a launch over every level gives a level of width w: ceil(B / IMGS) * ceil(w / BW)."""
+    return ((B + IMGS - 1) // IMGS) * ((w + BW - 1) // BW)
 
 
 @triton.jit
@@ -85,7 +77,7 @@ def _level_at(H, W, B, J: tl.constexpr, CC: tl.constexpr):
 
 
 @triton.jit
-def _level_of(pid, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr, CC: tl.constexpr, MMA_K: tl.constexpr):
+def _level_of(pid, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr, CC: tl.constexpr):
     """Which level program ``pid`` of a launch over every level works on (levels 1..L in order, each with
     _level_count programs): (level, h_i, w_i, its first program, its element offset in a flat per-level buffer of
     CC channels, int64)."""
@@ -101,7 +93,7 @@ def _level_of(pid, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr, CC: tl
     for i in tl.static_range(LEVELS):
         h = (h + 1) // 2
         w = (w + 1) // 2
-        n = _level_count(w, B, IMGS, BW, MMA_K)
+        n = _level_count(w, B, IMGS, BW)
         sel = (pid >= start) & (pid < start + n)
         lv = tl.where(sel, i + 1, lv)
         hs = tl.where(sel, h, hs)
@@ -135,7 +127,7 @@ def _conv_kernel(
     NI: tl.constexpr = BW + K - 1
     pid = tl.program_id(0)
     if LEVELS > 0:
-        lv, h, w, st, off = _level_of(pid, H, W, B, 1, BW, LEVELS, CC, 0)
+        lv, h, w, st, off = _level_of(pid, H, W, B, 1, BW, LEVELS, CC)
         local = pid - st
         strips = (w + BW - 1) // BW
         b = (local // strips).to(tl.int64)
@@ -392,9 +384,9 @@ def _wgrad_program(pid, cb, x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC: t
                    COMPUTE: tl.constexpr, UNROLL: tl.constexpr):
     """Program ``pid`` (of its map or maps) and channel block ``cb`` of _wgrad_kernel."""
     if LEVELS > 0:
-        lv, h, w, st, off = _level_of(pid, H, W, B, IMGS, BW, LEVELS, CC, 0)
+        lv, h, w, st, off = _level_of(pid, H, W, B, IMGS, BW, LEVELS, CC)
         local = pid - st
-        first, _ = _level_rows(lv, H, W, GT * IMGS, IMGS, BW, LEVELS, 0)
+        first, _ = _level_rows(lv, H, W, GT * IMGS, IMGS, BW, LEVELS)
         xb0 = x_ptr + off
         gb0 = g_ptr + off
     else:
@@ -726,9 +718,8 @@ def _fold_kernel(
 
 
 @triton.jit
-def _level_rows(g, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr, MMA_K: tl.constexpr):
-    """(first partial row, rows) of level g in a weight-gradient launch over every level (see _level_of; MMA_K > 0:
-    the tensor-core kernels' launch for K x K kernels, ceil(B * strips / 16) programs per level)."""
+def _level_rows(g, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr):
+    """(first partial row, rows) of level g in a weight-gradient launch over every level (see _level_of)."""
     h = H
     w = W
     start = g * 0
@@ -737,7 +728,7 @@ def _level_rows(g, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr, MMA_K:
     for i in tl.static_range(LEVELS):
         h = (h + 1) // 2
         w = (w + 1) // 2
-        n = _level_count(w, B, IMGS, BW, MMA_K)
+        n = _level_count(w, B, IMGS, BW)
         first = tl.where(g == i + 1, start, first)
         rows = tl.where(g == i + 1, n, rows)
         start += n
@@ -753,7 +744,6 @@ def _param_grads_kernel(
     R0, H, W, B, IMGS,
     C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr, ROUND: tl.constexpr,  # as _fold_kernel
-    MMA_K: tl.constexpr,  # > 0: the level partials come from the tensor-core kernels (their rows per level)
     RB: tl.constexpr,  # partial rows summed per step
 ):
     """Partials summed in a fixed order, then the chain rule through the folding, one program per channel block
@@ -777,7 +767,7 @@ def _param_grads_kernel(
     else:
         lv = (g - 1) // 4 + 1
         s = (g - 1) % 4
-        first, rows = _level_rows(lv, H, W, B, IMGS, BW, LEVELS, MMA_K)
+        first, rows = _level_rows(lv, H, W, B, IMGS, BW, LEVELS)
         corr = _partial_sum(lpart_ptr + s * C, first, rows, t, cc, tm, 4 * C, TP, BLOCK_C, RB, COMPUTE)
         lc = (lv - 1) * C + c1  # (level, channel) row of the wavelet parameters
         sc = _param(ws_ptr, lc * 4 + s, cm1, ROUND, COMPUTE)
@@ -1031,7 +1021,7 @@ def _record(rec: "_plan._Recorder", kernel: Any, grid: tuple[int, ...], args: tu
 def tuning_state() -> tuple:
     """Everything in the tuning tables and launch-path switches that a pass's launches read: part of the key of
     its launch plan (launch_plan.py), so that changing a table never replays launches made under another."""
-    return (tuple(TUNING.items()), _FAST_LAUNCH, _plan.DIRECT, _mma.ENABLED, tuple(_mma.MMA_TUNING.items()))
+    return (tuple(TUNING.items()), _FAST_LAUNCH, _plan.DIRECT)
 
 
 @functools.cache  # called on every launch; a handful of (C, cap) pairs per model
@@ -1179,8 +1169,8 @@ def wtconv_forward(
     bsz, ch, h, w = x.shape
     levels, k = level_w.shape[0], base_w.shape[0]
     compute = _compute_dtype(x.dtype)
-    syn1 = _pass_syn1(x.dtype, k)
-    if small_applies(x, levels, k):
+    syn1 = _pass_syn1()
+    if small_applies(x, levels):
         _small_pass(x, out, base_w, base_b, level_w, stride, flip, coef)
         return out
     acc: Optional[Tensor] = None
@@ -1214,15 +1204,13 @@ def wtconv_forward(
     return out
 
 
-def _pass_syn1(dtype: torch.dtype, k: int) -> bool:
+def _pass_syn1() -> bool:
     """Whether a multi-launch pass's base convolution does level 1's synthesis itself (from the filtered subbands
     and acc_2): one full-resolution map less written and read, and the synthesis launches start at level 2."""
-    if _mma.mma_applies(dtype, k):
-        return bool(_mma.MMA_TUNING["syn1"])
     return _syn1(TUNING["conv_bw"])
 
 
-def input_grad_buffer(dy: Tensor, coef: Optional[Tensor], levels: int, k: int) -> Tensor:
+def input_grad_buffer(dy: Tensor, coef: Optional[Tensor], levels: int) -> Tensor:
     """The channels-last buffer the input-gradient pass over ``dy`` (one chunk of images: all of them) writes.
 
     Where that pass runs in several launches with level 1 synthesised by the base convolution, it is dy's
@@ -1234,7 +1222,7 @@ def input_grad_buffer(dy: Tensor, coef: Optional[Tensor], levels: int, k: int) -
     alive until it is freed."""
     bsz, ch, h, w = dy.shape
     if (coef is not None and levels > 0 and not _TRACED.on and coef.dtype == dy.dtype
-            and not small_applies(dy, levels, k) and _pass_syn1(dy.dtype, k) and coef.numel() >= dy.numel()):
+            and not small_applies(dy, levels) and _pass_syn1() and coef.numel() >= dy.numel()):
         return _plan.view(coef, (bsz, ch, h, w), (h * w * ch, 1, w * ch, ch))
     return _plan.empty((bsz, ch, h, w), dy.dtype, dy.device, torch.channels_last)
 
@@ -1245,10 +1233,10 @@ def _syn1(bw: int) -> bool:
     return bool(TUNING["syn1"]) and bw % 2 == 0
 
 
-def small_applies(x: Tensor, levels: int, k: int) -> bool:
+def small_applies(x: Tensor, levels: int) -> bool:
     """Whether a pass over ``x`` runs as one launch (``small_kernels``): levels, a map of at most
-    ``TUNING["small_max"]`` rows and columns, and the FMA kernels."""
-    return levels > 0 and max(x.shape[-2:]) <= TUNING["small_max"] and not _mma.mma_applies(x.dtype, k)
+    ``TUNING["small_max"]`` rows and columns."""
+    return levels > 0 and max(x.shape[-2:]) <= TUNING["small_max"]
 
 
 def _small_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor], level_w: Tensor, stride: int,
@@ -1278,22 +1266,9 @@ def _small_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor]
 def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h: int, w: int, bsz: int, cc: int,
                  k: int, levels: int, stride: int, has_acc: bool, has_bias: bool, flip: bool, syn1: bool = False,
                  acc2: Optional[Tensor] = None, acc2_off: int = 0) -> None:
-    """One launch of the depthwise convolutions (``levels`` = 0: the base map; else every level's subbands): on
-    the tensor cores for bf16 / fp16 inputs when they apply (``mma_kernels``), else the explicit-column kernel.
+    """One launch of the depthwise convolutions (``levels`` = 0: the base map; else every level's subbands).
     ``syn1``: ``acc`` is level 1's filtered subbands and ``acc2`` (from element ``acc2_off``, when given) acc_2,
-    synthesised into the base convolution's output (the explicit-column kernel: with an even strip width)."""
-    if _mma.mma_applies(x.dtype, k):
-        t = _mma.MMA_TUNING
-        programs = _mma.mma_level_programs(h, w, levels, k, bsz) if levels else _mma.mma_programs(w, k, bsz)
-        rnd, opd = _mma.operand_dtype(x.dtype)
-        _launch(
-            _mma._mma_conv_kernel, (programs, _cdiv(cc, t["conv_bc"])),
-            (x, acc, x if acc2 is None else acc2, y, wts, bias, acc2_off, h, w, bsz),
-            t["conv_warps"], CC=cc, K=k, LEVELS=levels, BC=t["conv_bc"], STRIDE=stride, HAS_ACC=has_acc,
-            HAS_BIAS=has_bias, FLIP=flip, SPLIT=bool(t["split"]), RND=rnd, OPD=opd, SYN1=syn1,
-            HAS_ACC2=acc2 is not None,
-        )
-        return
+    synthesised into the base convolution's output (with an even strip width)."""
     bw = TUNING["conv_bw"]
     bc = _block_c(cc, TUNING["conv_bc"])
     programs = _level_programs(h, w, levels, bw, bsz) if levels else bsz * _cdiv(w, bw)
@@ -1306,22 +1281,17 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
 
 
 def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Optional[Tensor], k: int,
-                    levels: int, parts: Optional[tuple[Tensor, Tensor, int]] = None, first: int = 0,
-                    batch: Optional[int] = None) -> tuple[Tensor, Tensor, int]:
+                    levels: int, parts: Optional[tuple[Tensor, Tensor]] = None, first: int = 0,
+                    batch: Optional[int] = None) -> tuple[Tensor, Tensor]:
     """Per-program partial correlations of the weight gradients (w.r.t. the folded weights), for
     :func:`param_grads`: the base's of x and dy (with dy's sum in lane K*K), and every level's of the two
-    coefficient buffers, in one launch each (both in one with TUNING wgrad_pair); and which kernels made them (K for
-    the tensor-core ones, else 0).
+    coefficient buffers, in one launch each (both in one with TUNING wgrad_pair).
 
     x and dy may be images ``first`` .. of a batch of ``batch`` (one of :func:`batch_chunks`' ranges): their rows
     are then written into ``parts`` (this function's result for an earlier chunk of the batch; allocated for the
     whole batch when None) where the whole batch's launch would write them, so the sums are bitwise the same."""
     _check_cl(x, dy)
     bsz, ch, h, w = x.shape
-    if _mma.mma_applies(x.dtype, k):
-        if first or (batch is not None and batch != bsz):
-            raise ValueError("the tensor-core weight gradients take a whole batch, not a chunk of one")
-        return _mma_weight_partials(x, dy, coef_x, coef_dy, k, levels)
     bw, warps, imgs = TUNING["wgrad_bw"], TUNING["wgrad_warps"], TUNING["wgrad_imgs"]
     batch = bsz if batch is None else batch
     if first % imgs or first + bsz > batch:
@@ -1337,7 +1307,7 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
         lev = _plan.empty((_level_programs(h, w, levels, bw, groups), tp, 4 * ch), acc,
                           x.device) if levels else base
     else:
-        base, lev = parts[0], parts[1]
+        base, lev = parts
     spans = (first // imgs, groups)
     r0 = _cdiv(bsz, imgs) * _cdiv(w, bw)
     lbc = _block_c(4 * ch, TUNING["wgrad_bc"])
@@ -1348,30 +1318,29 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
             (x, dy, base, coef_x, coef_dy, lev, h, w, bsz, imgs, *spans, r0), warps,
             C=ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC0=bc, BC=lbc, COMPUTE=compute, UNROLL=unroll,
         )
-        return base, lev, 0
+        return base, lev
     _launch(
         _wgrad_kernel, (r0, _cdiv(ch, bc)), (x, dy, base, h, w, bsz, imgs, *spans),
         warps, CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll,
     )
     if not levels:
-        return base, base, 0
+        return base, base
     _launch(
         _wgrad_kernel, (_level_programs(h, w, levels, bw, _cdiv(bsz, imgs)), _cdiv(4 * ch, lbc)),
         (coef_x, coef_dy, lev, h, w, bsz, imgs, *spans), warps,
         CC=4 * ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute, UNROLL=unroll,
     )
-    return base, lev, 0
+    return base, lev
 
 
-def batch_chunks(x: Tensor, levels: int, k: int) -> tuple[tuple[int, int], ...]:
+def batch_chunks(x: Tensor, levels: int) -> tuple[tuple[int, int], ...]:
     """The image ranges ``[b0, b1)`` a pass over ``x`` (and its backward) runs in, one after another: so that a
     chunk's coefficient buffers (x's and dy's, 8/3 x the chunk's size together) stay within ``TUNING["chunk_kb"]``
-    KiB, on the multi-launch FMA path. Chunks start at multiples of ``wgrad_imgs`` (the weight-gradient partials'
-    image groups), so results are bitwise those of one range; small maps and the tensor-core kernels take one."""
+    KiB, on the multi-launch path. Chunks start at multiples of ``wgrad_imgs`` (the weight-gradient partials'
+    image groups), so results are bitwise those of one range; small maps take one."""
     bsz = x.shape[0]
     limit = TUNING["chunk_kb"] << 10
-    if (not limit or not levels or bsz <= 1 or small_applies(x, levels, k) or _mma.mma_applies(x.dtype, k)
-            or _TRACED.on):
+    if not limit or not levels or bsz <= 1 or small_applies(x, levels) or _TRACED.on:
         return ((0, bsz),)
     pair = 2 * _offsets(bsz, x.shape[1], x.shape[2], x.shape[3], levels)[-1] * x.element_size()
     imgs = TUNING["wgrad_imgs"]
@@ -1379,31 +1348,8 @@ def batch_chunks(x: Tensor, levels: int, k: int) -> tuple[tuple[int, int], ...]:
     return tuple((b0, min(b0 + per, bsz)) for b0 in range(0, bsz, per))
 
 
-def _mma_weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Optional[Tensor], k: int,
-                         levels: int) -> tuple[Tensor, Tensor, int]:
-    """:func:`weight_partials` on the tensor cores (bf16 / fp16): the same partial layout, their own rows."""
-    bsz, ch, h, w = x.shape
-    t = _mma.MMA_TUNING
-    tp = _pow2(k * k + 1)
-    opd = _mma.operand_dtype(x.dtype)[1]
-    base = _plan.empty((_mma.mma_programs(w, k, bsz), tp, ch), torch.float32, x.device)
-    _launch(
-        _mma._mma_wgrad_kernel, (base.shape[0], _cdiv(ch, t["wgrad_bc"])), (x, dy, base, h, w, bsz),
-        t["wgrad_warps"], CC=ch, K=k, TP=tp, LEVELS=0, BC=t["wgrad_bc"], DSUM=True, OPD=opd,
-    )
-    if not levels:
-        return base, base, k
-    rows = _mma.mma_level_programs(h, w, levels, k, bsz)
-    lev = _plan.empty((rows, tp, 4 * ch), torch.float32, x.device)
-    _launch(
-        _mma._mma_wgrad_kernel, (rows, _cdiv(4 * ch, t["wgrad_bc"])), (coef_x, coef_dy, lev, h, w, bsz),
-        t["wgrad_warps"], CC=4 * ch, K=k, TP=tp, LEVELS=levels, BC=t["wgrad_bc"], DSUM=False, OPD=opd,
-    )
-    return base, lev, k
-
-
 def param_grads(
-    parts: tuple[Tensor, Tensor, int], x_shape: tuple[int, ...], weight: Tensor, bias: Optional[Tensor],
+    parts: tuple[Tensor, Tensor], x_shape: tuple[int, ...], weight: Tensor, bias: Optional[Tensor],
     base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor, round_to: Optional[torch.dtype] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The parameters' gradients from :func:`weight_partials` (of an input of ``x_shape``), in one launch:
@@ -1411,7 +1357,7 @@ def param_grads(
     shape and dtype (d bias in base_scale's dtype when there is no bias: the gradient a zero bias would get). With
     ``round_to`` (as given to :func:`folded_weights`), each is rounded through that dtype, as the backward of a
     cast to it would."""
-    bpart, lpart, mma_k = parts
+    bpart, lpart = parts
     bsz, _, h, w = x_shape
     ch, k, levels = weight.shape[0], weight.shape[-1], wavelet_weight.shape[0]
     weight, base_scale = weight.contiguous(), base_scale.contiguous()
@@ -1429,11 +1375,10 @@ def param_grads(
         (bpart, lpart, weight, bias if bias is not None else base_scale, base_scale, wavelet_weight, wavelet_scale,
          d_weight, d_bias, d_base_scale, d_ww, d_ws, bpart.shape[0], h, w, bsz, TUNING["wgrad_imgs"]), 8,
         C=ch, K=k, TP=tp, LEVELS=levels, BW=TUNING["wgrad_bw"], HAS_BIAS=bias is not None,
-        BLOCK_C=bc, COMPUTE=_compute_dtype(bpart.dtype), ROUND=_tl_dtype(round_to), MMA_K=mma_k,
+        BLOCK_C=bc, COMPUTE=_compute_dtype(bpart.dtype), ROUND=_tl_dtype(round_to),
         RB=max(2, 512 // tp),
     )
     return d_weight, d_bias, d_base_scale, d_ww, d_ws
 
 
-from . import mma_kernels as _mma  # noqa: E402  (its kernels use _round, defined above)
 from . import small_kernels as _small  # noqa: E402  (built from the device functions above)

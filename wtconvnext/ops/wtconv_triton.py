@@ -89,7 +89,7 @@ if TRITON_AVAILABLE:
         out = _plan.empty(_output_shape(xc, stride), xc.dtype, xc.device, torch.channels_last)
         base_w, base_b, level_w = folded_weights(weight, bias, base_scale, wavelet_weight, wavelet_scale, round_to)
         # A large map's pass runs in chunks of images, so that its coefficient buffers stay small (batch_chunks).
-        for b0, b1 in batch_chunks(xc, wavelet_weight.shape[0], weight.shape[-1]):
+        for b0, b1 in batch_chunks(xc, wavelet_weight.shape[0]):
             wtconv_forward(_images(xc, b0, b1), _images(out, b0, b1), base_w, base_b, level_w, stride)
         return out, base_w, level_w
 
@@ -118,7 +118,7 @@ if TRITON_AVAILABLE:
         # set of partials: dy's coefficients serve both gradients, the weight gradients first, since the
         # input-gradient pass overwrites them; x's coefficients are recomputed here rather than kept from the
         # forward. The partials are summed once the last chunk's are in, and freed before the last input gradient.
-        chunks = batch_chunks(xc, levels, k)
+        chunks = batch_chunks(xc, levels)
         for i, (b0, b1) in enumerate(chunks):
             xs, dys = _images(xc, b0, b1), _images(dy, b0, b1)
             coef_dy, coef_x = coefficient_pair(dys, xs, levels) if levels else (None, None)
@@ -130,7 +130,7 @@ if TRITON_AVAILABLE:
                 parts = None
             if dx is None:
                 # One chunk: dy's coefficient buffer where the pass allows (input_grad_buffer), else a new map.
-                dx = (input_grad_buffer(dys, coef_dy, levels, k) if len(chunks) == 1
+                dx = (input_grad_buffer(dys, coef_dy, levels) if len(chunks) == 1
                       else _plan.empty(tuple(xc.shape), xc.dtype, xc.device, torch.channels_last))
             # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
             wtconv_forward(dys, _images(dx, b0, b1), base_w, None, level_w, 1, flip=True, coef=coef_dy)
