@@ -1,13 +1,16 @@
 """Instruction counts of the fused kernels' inner loops, from their sm_90 machine code, on any machine (no GPU).
 
     python benchmarks/sass_stats.py [--kernels conv_base wgrad_levels ...] [--channels 96] [--json out.json]
+                                    [--fresh-cache]
 
 Compiles each kernel for Hopper in the specialisation the launchers use for a bf16 (or ``--dtype fp32``) layer
 with C channels (today's ``TUNING`` launch shapes, pointers 16-byte aligned as allocations are), disassembles the
 cubin with the ``nvdisasm`` that ships with triton, and prints, for every loop (a backward branch), how many
 instructions its body has and how many of them are FMAs, adds and loads, plus the registers per thread. The kernels
 are instruction-issue bound, so instructions per FMA of a loop body is what a change to a kernel should lower;
-timing stays with ``ab_kernels.py`` on a GPU.
+timing stays with ``ab_kernels.py`` on a GPU. It also prints each kernel's compile time (``--fresh-cache``: from an
+empty Triton cache), which a fresh machine pays at a model's first step: most of it is Triton's TritonGPUCoalesce
+pass, whose cost grows with the square of a kernel's size (session 27).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -27,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import compile_sm90, write_json  # noqa: E402
 
 KERNELS = ["conv_base", "conv_base_syn1", "conv_levels", "dx_base", "small", "small_dx",
-           "wgrad_base", "wgrad_levels", "wgrad_levels_unroll", "wgrad_levels_fp32"]
+           "wgrad_base", "wgrad_levels", "wgrad_levels_unroll", "wgrad_levels_fp32", "wgrad_pair"]
 _INSTR = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[.\s]")
 _BRANCH = re.compile(r"BRA\s+`?\((\.L_x_\d+)\)")
 
@@ -59,6 +63,12 @@ def _case(name: str, ch: int, dtype: str):
                      HAS_ACC=not levels, HAS_BIAS=name.startswith("conv_base"), FLIP=name.startswith("dx"), COMPUTE=fp,
                      SYN1=syn1, HAS_ACC2=syn1)
         return tk._conv_kernel, sig, const, tun["conv_warps"]
+    if name == "wgrad_pair":  # the default backward's one weight-gradient launch: base and every level
+        sig = dict(x_ptr=x, g_ptr=x, bpart_ptr=f32, cx_ptr=x, cg_ptr=x, lpart_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32,
+                   G0=i32, GT=i32, R0=i32)
+        const = dict(C=ch, K=5, TP=32, LEVELS=4, BW=tun["wgrad_bw"], BC0=tk._block_c(ch, tun["wgrad_bc"]),
+                     BC=tk._block_c(4 * ch, tun["wgrad_bc"]), COMPUTE=fp, UNROLL=bool(tun["wgrad_unroll"]))
+        return tk._wgrad_pair_kernel, sig, const, tun["wgrad_warps"]
     sig = dict(x_ptr=x, g_ptr=x, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     const = dict(CC=cc, K=5, TP=32, LEVELS=levels, BW=tun["wgrad_bw"], BC=tk._block_c(cc, tun["wgrad_bc"]),
                  DSUM=not levels, COMPUTE=fp, UNROLL=name.endswith("unroll"))
@@ -98,7 +108,9 @@ def loops(sass: str) -> list[dict]:
 def analyse(name: str, ch: int, dtype: str) -> dict:
     """Compile one kernel for sm_90, disassemble it and count its loops' instructions."""
     fn, sig, const, warps = _case(name, ch, dtype)
+    start = time.perf_counter()
     compiled = compile_sm90(fn, sig, const, warps)
+    seconds = time.perf_counter() - start  # a compile's cost only from an empty cache (--fresh-cache)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / f"{name}.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
@@ -109,7 +121,7 @@ def analyse(name: str, ch: int, dtype: str) -> dict:
     for lp in rows:  # a warp's FFMA is 32 lanes' multiply-adds
         lp["useful_fma_per_instr"] = 32.0 * lp["ops"].get("FFMA", 0) / lp["instructions"]
     return dict(kernel=name, channels=ch, dtype=dtype, registers=int(regs.group(1)) if regs else None,
-                constexprs={k: str(v) for k, v in const.items()}, loops=rows)
+                compile_s=seconds, constexprs={k: str(v) for k, v in const.items()}, loops=rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,14 +130,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--channels", type=int, default=96)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--json", default=None, help="write the rows here")
+    ap.add_argument("--fresh-cache", action="store_true",
+                    help="compile into an empty Triton cache, so 'compile s' is each kernel's whole compile time")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET"):
         # The interpreter's decorators cannot compile: run again without it.
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         return subprocess.run([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:])], env=env).returncode
-    rows = [analyse(k, args.channels, args.dtype) for k in args.kernels]
+    with tempfile.TemporaryDirectory() as cache:
+        if args.fresh_cache:
+            os.environ["TRITON_CACHE_DIR"] = cache  # read by Triton at each compile
+        rows = [analyse(k, args.channels, args.dtype) for k in args.kernels]
     print(f"sm_90 SASS, {args.dtype}, C={args.channels}: loop bodies (instructions per iteration of each loop)")
     print("(an outer loop's count includes the bodies of the loops nested in it, named after '>')")
+    for r in rows:
+        print(f"{r['kernel']:18} {r['registers'] or '?':>4} regs, compiled in {r['compile_s']:6.1f} s")
     print(f"{'kernel':18} {'regs':>4}  {'loop':20} {'instr':>6} {'FFMA':>5} {'LDG':>4} {'instr/FFMA':>10} "
           f"{'FMA/instr':>9}  top")
     for r in rows:

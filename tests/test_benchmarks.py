@@ -41,28 +41,32 @@ def test_ab_kernels_script_reports_what_differs(tmp_path: Path) -> None:
     perturbed = tmp_path / "perturbed_kernels.py"
     perturbed.write_text(_PERTURBED_BASELINE)
     diffs = {}
-    for name, baseline in (("same", Path(ab_kernels.current.__file__)), ("perturbed", perturbed)):
+    # (Against itself, the input gradient and the weight gradients: the parts whose launchers the others combine.)
+    for name, baseline, parts in (("same", Path(ab_kernels.current.__file__), ["dx", "wgrad"]),
+                                  ("perturbed", perturbed, ["fwd", "wgrad", "bwd"])):
         out = tmp_path / f"{name}.json"
-        args = ["--baseline", str(baseline), "--dtypes", "fp32", "--device", device, "--check", "--out", str(out)]
+        args = ["--baseline", str(baseline), "--parts", *parts, "--dtypes", "fp32", "--device", device, "--check",
+                "--out", str(out)]
         assert ab_kernels.main(args) == 0
         rows = json.loads(out.read_text())["rows"]
-        assert [r["part"] for r in rows] == ["fwd", "dx", "wgrad", "bwd"]
+        assert [r["part"] for r in rows] == parts
         diffs[name] = {r["part"]: r["max_rel_diff"] for r in rows}
-    assert diffs["same"] == {"fwd": 0.0, "dx": 0.0, "wgrad": 0.0, "bwd": 0.0}
+    assert diffs["same"] == {"dx": 0.0, "wgrad": 0.0}
     assert diffs["perturbed"]["wgrad"] == 0.0
-    for part in ("fwd", "dx", "bwd"):  # the whole backward's input gradient is the forward launcher's
+    for part in ("fwd", "bwd"):  # the whole backward's input gradient is the forward launcher's
         assert diffs["perturbed"][part] == pytest.approx(1e-3 / (1 + 1e-3), rel=1e-3), part
 
 
 def test_ab_kernels_tuning_mode(tmp_path: Path) -> None:
     """--tuning syn1=0: today's launch settings against the separate level-1 synthesis, the same results to fp32
-    rounding; --parts times only the passes named; an unknown key is a usage error naming the keys."""
+    rounding; --parts runs only the passes named; an unknown key is a usage error naming the keys."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out = tmp_path / "tuning.json"
-    assert ab_kernels.main(["--tuning", "syn1=0", "--dtypes", "fp32", "--device", device, "--check",
-                            "--out", str(out)]) == 0
+    # syn1 changes the forward launcher only (which the input gradient shares): the weight gradients are not run.
+    assert ab_kernels.main(["--tuning", "syn1=0", "--parts", "fwd", "dx", "--dtypes", "fp32", "--device", device,
+                            "--check", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [r["part"] for r in rows] == ["fwd", "dx", "wgrad", "bwd"]
+    assert [r["part"] for r in rows] == ["fwd", "dx"]
     assert all(r["max_rel_diff"] <= 1e-5 for r in rows), rows
     assert ab_kernels.main(["--tuning", "wgrad_unroll=0", "--parts", "wgrad", "--dtypes", "fp32", "--device", device,
                             "--check", "--out", str(out)]) == 0
@@ -89,7 +93,7 @@ def test_sass_stats_counts_the_loops_of_real_machine_code(tmp_path: Path) -> Non
     rows = {r["kernel"]: r for r in json.loads(out.read_text())["rows"]}
     conv = [lp for lp in rows["conv_base"]["loops"] if not lp["contains"]]
     wgrad = [lp for lp in rows["wgrad_levels"]["loops"] if not lp["contains"]]
-    assert conv and wgrad and rows["conv_base"]["registers"]
+    assert conv and wgrad and rows["conv_base"]["registers"] and rows["conv_base"]["compile_s"] > 0
     # The row walk of a K x K conv over BW columns: K * K * BW FMAs a row, and far fewer loads (each loaded column
     # feeds every tap it meets). The weight gradient's row: the same FMAs, loads of x's and dy's columns.
     from wtconvnext.ops.triton_kernels import TUNING
@@ -185,3 +189,27 @@ def test_bench_train_runs_train_py_on_a_generated_folder(tmp_path: Path) -> None
     assert all(r["img_s"] > 0 and r["pipeline_img_s"] > 0 for r in rows), rows
     assert rows[0]["vs_convnext"] == 1.0
     assert len(list((tmp_path / "data" / "train").glob("class*/*.jpg"))) >= 40
+
+
+def test_bench_layer_rebuilds_a_cut_runs_table_from_its_row_lines(tmp_path: Path) -> None:
+    """--rows-from: the table of the per-row lines a run printed before its time limit cut it (no GPU needed);
+    ratios are to the faster dw7 layout of the same shape, and a shape whose dw7 row never printed is left out."""
+    from benchmarks import bench_layer
+
+    log = tmp_path / "layer.log"
+    log.write_text("\n".join([
+        "bf16 128,96,56,56,5 wtconv_triton_cl: fwd 0.462 ms, fwd+bwd 1.347 ms, 287.4 MB",
+        "bf16 128,96,56,56,5 dw7_nchw: fwd 1.325 ms, fwd+bwd 5.735 ms, 148.0 MB",
+        "bf16 128,96,56,56,5 dw7_cl: fwd 0.385 ms, fwd+bwd 1.338 ms, 172.8 MB",
+        "some other output line",
+        "bf16 16,96,128,128,5 wtconv_triton_cl: fwd 0.400 ms, fwd+bwd 1.500 ms, 300.0 MB",
+    ]))
+    out = tmp_path / "layer.json"
+    assert bench_layer.main(["--rows-from", str(log), "--env", '{"gpu": "H200"}', "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["env"] == {"gpu": "H200"}
+    rows = {r["impl"]: r for r in data["rows"]}
+    assert sorted(rows) == ["dw7_cl", "dw7_nchw", "wtconv_triton_cl"]  # the 128^2 shape had no dw7 row yet
+    assert rows["wtconv_triton_cl"]["fwdbwd_vs_best_dw7"] == pytest.approx(1.347 / 1.338)
+    assert rows["wtconv_triton_cl"]["peak_vs_best_dw7"] == pytest.approx(287.4 / 172.8)
+    assert rows["dw7_nchw"]["best_dw7_layout"] == "dw7_cl"
