@@ -95,6 +95,12 @@ def _cases(b, c, h, w, levels, dtype, k=5, variants=()):
     return cases
 
 
+def row_line(r: dict) -> str:
+    """The line a run prints per row as it goes; :func:`rows_from_log` reads it back (``_ROW``)."""
+    return (f"{r['dtype']} {r['B']},{r['C']},{r['H']},{r['W']},{r['levels']} {r['impl']}: fwd {r['fwd_ms']:.3f} ms, "
+            f"fwd+bwd {r['fwdbwd_ms']:.3f} ms, {r['peak_mb']:.1f} MB")
+
+
 _ROW = re.compile(r"^(\w+) (\d+),(\d+),(\d+),(\d+),(\d+) (\S+): fwd ([\d.]+) ms, fwd\+bwd ([\d.]+) ms, ([\d.]+) MB$")
 
 
@@ -192,8 +198,7 @@ def main(argv=None) -> int:
                 row = dict(dtype=dname, B=b, C=c, H=h, W=w, levels=levels, impl=name,
                            fwd_ms=_bench(fwd, rep=rep), fwdbwd_ms=_bench(fwdbwd, rep=rep), peak_mb=_peak_mb(fwdbwd))
                 rows.append(row)
-                print(f"{dname} {b},{c},{h},{w},{levels} {name}: fwd {row['fwd_ms']:.3f} ms, fwd+bwd "
-                      f"{row['fwdbwd_ms']:.3f} ms, {row['peak_mb']:.1f} MB", flush=True)
+                print(row_line(row), flush=True)
             del cases
             torch.cuda.empty_cache()
             write_table(args.out, env, rows, quiet=True)  # after every shape: a run cut by a time limit keeps its rows

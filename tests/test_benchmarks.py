@@ -213,3 +213,7 @@ def test_bench_layer_rebuilds_a_cut_runs_table_from_its_row_lines(tmp_path: Path
     assert rows["wtconv_triton_cl"]["fwdbwd_vs_best_dw7"] == pytest.approx(1.347 / 1.338)
     assert rows["wtconv_triton_cl"]["peak_vs_best_dw7"] == pytest.approx(287.4 / 172.8)
     assert rows["dw7_nchw"]["best_dw7_layout"] == "dw7_cl"
+    # What a run prints per row is what this reads back.
+    row = dict(dtype="bf16", B=2, C=8, H=9, W=10, levels=2, impl="dw7_cl", fwd_ms=0.5, fwdbwd_ms=1.25, peak_mb=3.0)
+    (tmp_path / "printed.log").write_text(bench_layer.row_line(row) + "\n")
+    assert bench_layer.rows_from_log(str(tmp_path / "printed.log")) == [row]
