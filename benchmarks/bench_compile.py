@@ -8,7 +8,8 @@ CUDA-event-timed steps) and peak memory, as ``bench_model.py`` measures them.
                                        [--out results/compile.json]
 
 ``--opaque`` adds a WTConvNeXt row compiled on the opaque custom op (WTCONVNEXT_TRITON_OP=0) instead of the traced
-``triton_op`` path. Rows also give the compile phases torch records (AOTAutograd trace, Inductor lowering,
+``triton_op`` path. ``--tuning KEY=V ...`` adds WTConvNeXt rows whose kernels take other TUNING entries (one row per
+argument, e.g. ``wgrad_pair=0`` or ``wgrad_pair=0,wgrad_unroll=0``): variants that compile faster, side by side. Rows also give the compile phases torch records (AOTAutograd trace, Inductor lowering,
 waiting on Triton compiles) and, for WTConvNeXt, how often the memo of ``wtconvnext/ops/ttir_memo.py`` answered.
 """
 
@@ -63,26 +64,41 @@ def _case(name: str, batch: int) -> dict:
     return row
 
 
-def _spawn(name: str, batch: int, opaque: bool, timeout: int) -> dict:
+def _tuning(spec: str) -> dict[str, int]:
+    """``"k=v,k2=v2"`` as a TUNING dict."""
+    try:
+        return {k.strip(): int(v) for k, v in (item.split("=") for item in spec.split(","))}
+    except ValueError:
+        raise SystemExit(f"--tuning: expected KEY=INT[,KEY=INT...], got {spec!r}") from None
+
+
+def _spawn(name: str, batch: int, opaque: bool, timeout: int, tuning: str = "") -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(), TRITON_CACHE_DIR=tempfile.mkdtemp(),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     if opaque:
         env["WTCONVNEXT_TRITON_OP"] = "0"
+    if tuning:
+        path = Path(tempfile.mkdtemp()) / "tuning.json"
+        path.write_text(json.dumps(_tuning(tuning)))
+        env["WTCONVNEXT_TUNING"] = str(path)
     try:
         proc = subprocess.run([sys.executable, __file__, "--child", name, "--batch", str(batch)], env=env,
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return dict(model=name, batch=batch, traced=not opaque, error=f"no first step within {timeout} s")
+        return dict(model=name, batch=batch, traced=not opaque, tuning=tuning,
+                    error=f"no first step within {timeout} s")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
     if proc.returncode != 0 or not lines:
-        return dict(model=name, batch=batch, traced=not opaque, error=proc.stderr.strip()[-600:])
-    return json.loads(lines[-1][4:])
+        return dict(model=name, batch=batch, traced=not opaque, tuning=tuning, error=proc.stderr.strip()[-600:])
+    return dict(json.loads(lines[-1][4:]), tuning=tuning)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=["convnext_tiny", "wtconvnext_tiny"])
     ap.add_argument("--opaque", action="store_true", help="also WTConvNeXt on the opaque custom op")
+    ap.add_argument("--tuning", nargs="*", default=[], metavar="KEY=V[,KEY=V]",
+                    help="also WTConvNeXt rows with these TUNING entries, one row each")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--timeout", type=int, default=400, help="seconds per case")
     ap.add_argument("--out", default="results/compile.json")
@@ -98,25 +114,29 @@ def main(argv=None) -> int:
         return 2
     from benchmarks.common import gpu_env, report
 
-    cases = [(m, False) for m in args.models]
+    for spec in args.tuning:
+        _tuning(spec)  # a malformed entry fails before any case runs
+    cases = [(m, False, "") for m in args.models]
     if args.opaque:
-        cases += [(m, True) for m in args.models if m.startswith("wtconvnext")]
+        cases += [(m, True, "") for m in args.models if m.startswith("wtconvnext")]
+    cases += [(m, False, t) for t in args.tuning for m in args.models if m.startswith("wtconvnext")]
     rows = []
-    for name, opaque in cases:
-        rows.append(_spawn(name, args.batch, opaque, args.timeout))
+    for name, opaque, tuning in cases:
+        rows.append(_spawn(name, args.batch, opaque, args.timeout, tuning))
         print("  ", rows[-1], flush=True)
     base = next((r for r in rows if r["model"].startswith("convnext") and "error" not in r), None)
     lines = []
     for r in rows:
         label = r["model"] + ("" if r.get("traced", True) else " (opaque op)")
+        label += f" {r['tuning']}" if r.get("tuning") else ""
         if "error" in r:
-            lines.append(f"{label:<30} error: {r['error'][:200]}")
+            lines.append(f"{label:<44} error: {r['error'][:200]}")
             continue
         ratio = f"{base['ms'] / r['ms']:.2f}x" if base else "-"
         p = r["phases_s"]
-        lines.append(f"{label:<30} {r['first_step_s']:8.1f} {r['ms']:8.2f} {ratio:>7} {r['peak_gb']:7.2f} "
+        lines.append(f"{label:<44} {r['first_step_s']:8.1f} {r['ms']:8.2f} {ratio:>7} {r['peak_gb']:7.2f} "
                      + " ".join(f"{p.get(k, 0):7.1f}" for k in PHASES))
-    header = (f"{'AMP train, compiled, B=' + str(args.batch):<30} {'1st s':>8} {'ms/step':>8} {'img/s x':>7} "
+    header = (f"{'AMP train, compiled, B=' + str(args.batch):<44} {'1st s':>8} {'ms/step':>8} {'img/s x':>7} "
               f"{'peak GB':>7} " + " ".join(f"{k.split('.')[0][:7]:>7}" for k in PHASES))
     report(args.out, gpu_env(), header, lines, rows,
            note="1st s: the first step, cold caches (compile included); img/s x: against the ConvNeXt row")

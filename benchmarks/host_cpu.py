@@ -9,16 +9,17 @@ the allocations, layout checks and shape arithmetic around the kernel launches (
 for maps of at most ``TUNING['small_max']``), and the launches' own bookkeeping. This script times
 ``wtconv2d(..., backend='triton')`` forward + backward on CPU tensors (Triton's interpreter lets the backend take
 them; it is switched on here before wtconvnext is imported) at the WTConvNeXt-T stage shapes, B=1 bf16
-channels_last, in four modes, so that no kernel runs:
+channels_last, in five modes, so that no kernel runs:
 
 - ``stub``: ``triton_kernels._launch`` is a no-op; only the work around the launches is timed;
 - ``kept``: ``_launch`` runs its kept-kernel path (the cache key of every launch and its lookup, as on a GPU) up to
   the compiled kernel's launcher, which is a no-op here (the kernels are stand-ins and the device index is 0);
 - ``planned``: as ``kept``, with launch plans (``launch_plan.py``): after the first call of a shape, each pass
   replays its recorded allocations and launches through the kept launchers' runners;
-- ``direct``: as ``planned``, the replay calling the compiled kernels' launchers itself (the default path on a
-  GPU), tensors passed as their data pointers. (The stand-in runner is a bare lambda, cheaper than Triton's, so
+- ``direct``: as ``planned``, the replay calling the compiled kernels' launchers itself, tensors passed as their data pointers. (The stand-in runner is a bare lambda, cheaper than Triton's, so
   ``planned`` - ``direct`` here understates what the GPU path saves.)
+- ``workspace``: as ``direct``, the intermediates of each pass in one workspace allocation (the default path on a
+  GPU; ``launch_plan.WORKSPACE``).
 
 ``stub`` and ``kept`` run with launch plans off.
 
@@ -54,7 +55,7 @@ from wtconvnext.ops import small_kernels as sk  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
-MODES = ("stub", "kept", "planned", "direct")
+MODES = ("stub", "kept", "planned", "direct", "workspace")
 STAGES = [(96, 56, 56, 5), (192, 28, 28, 4), (384, 14, 14, 3), (768, 7, 7, 2)]  # C, H, W, levels (WTConvNeXt-T)
 
 
@@ -90,9 +91,11 @@ def no_kernels(mode: str) -> Iterator[None]:
     saved_mods = {mod: dict(vars(mod)) for mod in (tk, sk)}
     saved, const_names = saved_mods[tk], dict(tk._CONST_NAMES)
     plans_on, direct_on, direct_env = launch_plan.ENABLED, launch_plan.DIRECT, launch_plan._direct_env
+    workspace_on = launch_plan.WORKSPACE
     launch_plan.clear()  # plans hold launchers: none may outlive the mode that recorded it
-    launch_plan.ENABLED = mode in ("planned", "direct")
-    launch_plan.DIRECT = mode == "direct"
+    launch_plan.ENABLED = mode in ("planned", "direct", "workspace")
+    launch_plan.DIRECT = mode in ("direct", "workspace")
+    launch_plan.WORKSPACE = mode == "workspace"
     launch_plan._direct_env = (lambda: 0, lambda: True)  # the stand-in stream; no launch hooks
     try:
         if mode == "stub":
@@ -118,6 +121,7 @@ def no_kernels(mode: str) -> Iterator[None]:
         tk._CONST_NAMES.update(const_names)
         launch_plan.clear()
         launch_plan.ENABLED, launch_plan.DIRECT, launch_plan._direct_env = plans_on, direct_on, direct_env
+        launch_plan.WORKSPACE = workspace_on
 
 
 def sample_ns(fn: Callable[[], object], iters: int) -> list[int]:
@@ -171,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(dict(mode=mode, C=c, H=h, W=w, levels=levels, B=1, dtype="bf16",
                              iters=len(times[mode, "fwd"]),
                              **{f"{name}_us": statistics.median(times[mode, name]) / 1e3 for name in ("fwd", "fwd_bwd")}))
-    hdr = f"{'mode':7} {'C, H, L':14} {'fwd us':>8} {'fwd+bwd us':>11}"
-    lines = [f"{r['mode']:7} {r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['fwd_us']:8.1f} {r['fwd_bwd_us']:11.1f}"
+    hdr = f"{'mode':9} {'C, H, L':14} {'fwd us':>8} {'fwd+bwd us':>11}"
+    lines = [f"{r['mode']:9} {r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['fwd_us']:8.1f} {r['fwd_bwd_us']:11.1f}"
              for r in rows]
     env = dict(cpu=platform.processor() or platform.machine(), torch=torch.__version__, python=platform.python_version(),
                date=time.strftime("%Y-%m-%d %H:%M:%S"))

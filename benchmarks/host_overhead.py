@@ -8,8 +8,9 @@ At B=1 every kernel finishes in microseconds, so the wall time of an iteration i
 allocations and autograd, and the kernel launches. For each WTConvNeXt-T stage shape (channels_last, bf16) it
 times forward + backward of the fused WTConv with every launch through ``kernel[grid](...)`` ("triton"), through
 the compiled kernels kept after their first launch ("kept"; ``_launch`` in ``wtconvnext/ops/triton_kernels.py``),
-with launch plans replayed through Triton's runners ("planned") and calling the launchers directly ("direct";
-``wtconvnext/ops/launch_plan.py``; ``host_us`` is the default one of the two), and
+with launch plans replayed through Triton's runners ("planned"), calling the launchers directly ("direct") and
+so with the intermediates in one workspace allocation per pass ("workspace"; ``wtconvnext/ops/launch_plan.py``;
+``host_us`` is the default one of the three), and
 compiled with static sizes (Inductor's code launches the kernels), in alternating rounds so that drifts of the
 host hit all alike, with cuDNN's depthwise 7x7, eager and compiled, for scale. Prints the median per iteration and
 writes JSON.
@@ -34,13 +35,23 @@ from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
 
-# Launch paths timed side by side: (triton_kernels._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT).
-MODES = {"triton": (False, False, False), "kept": (True, False, False), "planned": (True, True, False),
-         "direct": (True, True, True)}
+# Launch paths timed side by side: (triton_kernels._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT,
+# launch_plan.WORKSPACE).
+MODES = {"triton": (False, False, False, False), "kept": (True, False, False, False),
+         "planned": (True, True, False, False), "direct": (True, True, True, False),
+         "workspace": (True, True, True, True)}
 
 
 def set_mode(mode: str) -> None:
-    tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT = MODES[mode]
+    tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT, launch_plan.WORKSPACE = MODES[mode]
+
+
+def default_mode() -> str:
+    """The launch path a layer call takes with the module defaults."""
+    now = (tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT, launch_plan.WORKSPACE)
+    if not now[2]:
+        return "planned" if now[1] else "kept"
+    return "workspace" if now[3] else "direct"
 
 
 def host_profile(fn, iters: int, top: int) -> str:
@@ -98,7 +109,8 @@ def main(argv=None) -> int:
         def dw7_compiled():
             torch.autograd.grad(dw7_graph(x, w7), [x, w7], dy)
 
-        defaults = tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT
+        defaults = tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT, launch_plan.WORKSPACE
+        default = default_mode()
         times: dict[str, list[float]] = {m: [] for m in (*MODES, "dw7", "compiled", "dw7_compiled")}
         try:
             for mode in MODES:  # compile / fill the caches and record the plans outside the timing
@@ -117,22 +129,24 @@ def main(argv=None) -> int:
                 for name, fn in compiled.items():
                     times[name].append(wall_us(fn, args.iters))
             if args.cprofile:
-                mode = "direct" if defaults[2] else "planned"
-                set_mode(mode)
-                print(f"=== cProfile, C={c} {h}x{w} L={levels}, B=1 bf16 f+b, {args.cprofile} calls ({mode})")
+                set_mode(default)
+                print(f"=== cProfile, C={c} {h}x{w} L={levels}, B=1 bf16 f+b, {args.cprofile} calls ({default})")
                 print(host_profile(wt, args.cprofile, 25))
         finally:
-            tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT = defaults
+            tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT, launch_plan.WORKSPACE = defaults
         med = {k: statistics.median(v) if v else None for k, v in times.items()}
         rows.append(dict(C=c, H=h, W=w, levels=levels, dtype="bf16", B=1, iters=args.iters, rounds=args.rounds,
                          triton_us=med["triton"], kept_us=med["kept"], planned_us=med["planned"],
-                         direct_us=med["direct"], dw7_us=med["dw7"],
-                         host_us=med["direct" if defaults[2] else "planned"], compiled_us=med["compiled"], dw7_compiled_us=med["dw7_compiled"],
+                         direct_us=med["direct"], workspace_us=med["workspace"], dw7_us=med["dw7"],
+                         host_us=med[default], default_path=default, compiled_us=med["compiled"],
+                         dw7_compiled_us=med["dw7_compiled"],
                          samples=times))
     hdr = (f"{'C, H, L':14} {'triton launch us':>17} {'kept kernels us':>16} {'planned us':>11} {'direct us':>10} "
-           f"{'dw7 us':>8} {'direct/dw7':>11} {'compiled us':>12} {'dw7 compiled us':>16} {'ratio':>6}")
+           f"{'workspace us':>13} {'dw7 us':>8} {'default/dw7':>12} {'compiled us':>12} {'dw7 compiled us':>16} "
+           f"{'ratio':>6}")
     lines = [f"{r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['triton_us']:17.1f} {r['kept_us']:16.1f} "
-             f"{r['planned_us']:11.1f} {r['direct_us']:10.1f} {r['dw7_us']:8.1f} {r['direct_us'] / r['dw7_us']:11.2f} "
+             f"{r['planned_us']:11.1f} {r['direct_us']:10.1f} {r['workspace_us']:13.1f} {r['dw7_us']:8.1f} "
+             f"{r['host_us'] / r['dw7_us']:12.2f} "
              + (f"{r['compiled_us']:12.1f} {r['dw7_compiled_us']:16.1f} {r['compiled_us'] / r['dw7_compiled_us']:6.2f}"
                 if r["compiled_us"] is not None else f"{'-':>12} {'-':>16} {'-':>6}")
              for r in rows]

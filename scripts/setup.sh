@@ -3,7 +3,7 @@
 # with the dev extras: pytest, the train and export extras) and timm's own test files. Safe to re-run: an existing
 # .venv is reused and pip skips what is already installed.
 #
-#   bash scripts/setup.sh            # then: .venv/bin/python -m pytest -q
+#   bash scripts/setup.sh            # then: .venv/bin/python -m pytest -q -n auto
 #
 # PYTHON (default python3) picks the interpreter that creates the venv.
 set -euo pipefail

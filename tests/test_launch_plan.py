@@ -178,6 +178,59 @@ def test_direct_replay_calls_the_launchers_with_pointers(monkeypatch):
     assert [c[:2] for c in calls] == [("runner", "k0"), ("runner", "k1")]
 
 
+def test_direct_replay_puts_intermediates_in_one_workspace(monkeypatch):
+    """Intermediates that only direct launches touch become pointers into one allocation per pass, each at the
+    lowest 512-byte-aligned offset free of the buffers alive with it; outputs, bases of views and buffers a runner
+    launch takes stay tensors of their own."""
+    calls: list = []
+    monkeypatch.setattr(launch_plan, "_direct_env", (lambda: 7, lambda: True))
+    monkeypatch.setattr(launch_plan, "DIRECT", True)
+    kernels = {name: _FakeCompiled(calls, name) for name in ("k0", "k1", "k2", "k3")}
+    f32 = torch.float32
+
+    def core(x):
+        rec = launch_plan.recording()
+        made = {}
+
+        def launch(name, *args, direct=True):
+            if rec is not None:
+                k = kernels[name]
+                rec.launch(lambda *a: calls.append(("runner", name, a)), args,
+                           (k.run, k.function, k.packed_metadata, 1, 1, 1) if direct else None)
+
+        made["a"] = a = launch_plan.empty((100,), f32, x.device)   # 400 B: one 512-byte unit
+        made["b"] = b = launch_plan.empty((300,), f32, x.device)   # 1200 B: three units
+        launch("k0", x, a, b)
+        made["c"] = c = launch_plan.empty((10,), f32, x.device)
+        launch("k1", a, c)                                          # a's last use
+        made["d"] = d = launch_plan.empty((2, 25), f32, x.device)  # a's place
+        launch("k2", b, c, d)
+        made["e"] = e = launch_plan.empty((4,), f32, x.device)     # a runner launch takes it: a tensor
+        launch("k3", e, direct=False)
+        out = launch_plan.empty((3,), f32, x.device)
+        launch("k0", d, e, out)
+        core.made = made
+        return (out,)
+
+    launch_plan.planned(("arena",), core, (torch.zeros(3),))
+    plan = launch_plan._PLANS[("arena",)]
+    offsets, size, _ = plan.arena()
+    slot = {name: n for n, name in enumerate(("x", "a", "b", "c", "d", "e", "out"))}
+    assert offsets == {slot["a"]: 0, slot["b"]: 512, slot["c"]: 2048, slot["d"]: 0} and size == 2560
+    calls.clear()
+    x2 = torch.zeros(3)
+    (out,) = launch_plan.planned(("arena",), core, (x2,))
+    assert out.shape == (3,) and [c[:2] for c in calls] == [("direct", "k0"), ("direct", "k1"), ("direct", "k2"),
+                                                            ("runner", "k3"), ("direct", "k0")], calls
+    pa = calls[0][2][10]  # a's pointer: the workspace's start
+    assert calls[0][2][9:] == (x2.data_ptr(), pa, pa + 512)
+    assert calls[1][2][9:] == (pa, pa + 2048)
+    assert calls[2][2][9:] == (pa + 512, pa + 2048, pa)
+    (e_tensor,) = calls[3][2]
+    assert isinstance(e_tensor, torch.Tensor) and e_tensor.shape == (4,)
+    assert calls[4][2][9:] == (pa, e_tensor.data_ptr(), out.data_ptr())  # d: a pointer at a's place
+
+
 def _grads(x, params, dy, stride=1):
     xs = x.detach().clone().requires_grad_()
     ps = [p.detach().clone().requires_grad_() if p is not None else None for p in params]

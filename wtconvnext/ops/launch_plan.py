@@ -25,6 +25,11 @@ On by default: on the H200 (session 27, ``benchmarks/host_overhead.py``, B=1 bf1
 took 25-30 % less host time than replays through the runners (429-478 vs 538-653 us).
 ``WTCONVNEXT_DIRECT_LAUNCH=0`` (read at import) or ``DIRECT = False`` (read when a plan is recorded; part of a plan's
 key) keeps the runners.
+
+Workspace: since a direct launch needs only a device pointer, a direct replay allocates the intermediates that only
+direct launches touch as one workspace per pass (:meth:`_Plan.arena`) rather than one ``torch.empty`` each.
+``WTCONVNEXT_PLAN_WORKSPACE=0`` (read at import) or ``WORKSPACE = False`` (read when a plan is recorded; part of a
+plan's key) allocates them one by one.
 """
 
 from __future__ import annotations
@@ -36,15 +41,17 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["ENABLED", "DIRECT", "empty", "view", "planned", "recording", "clear", "use_direct"]
+__all__ = ["ENABLED", "DIRECT", "WORKSPACE", "empty", "view", "planned", "recording", "clear", "use_direct"]
 
 ENABLED = os.environ.get("WTCONVNEXT_LAUNCH_PLANS", "1") != "0"
 DIRECT = os.environ.get("WTCONVNEXT_DIRECT_LAUNCH", "1") != "0"
+WORKSPACE = os.environ.get("WTCONVNEXT_PLAN_WORKSPACE", "1") != "0"
 # (current stream, whether the launch hooks are idle): set by the kernel module where Triton runs on a GPU.
 _direct_env: Optional[tuple[Callable[[], int], Callable[[], bool]]] = None
 _MAX_PLANS = 1024  # signatures are exact sizes: bound the table for workloads of ever-new shapes
 
 _ALLOC, _LAUNCH, _FREE, _VIEW = 0, 1, 2, 3
+_ALIGN = 512  # bytes: a workspace buffer starts where the caching allocator's blocks do (kernels assume 16)
 
 
 class _Recorder:
@@ -146,7 +153,21 @@ class _Plan:
         if n_in:
             lines.append(f"    {', '.join(names[:n_in])}, = inputs")
         pointers: set[int] = set()  # slots whose device pointer is a local already
+        offsets, arena_bytes, arena_end = self.arena() if direct and WORKSPACE else ({}, 0, -1)
         for i, op in enumerate(self.ops):
+            if op[0] == _ALLOC and op[1] in offsets:
+                # A buffer that only direct launches touch: a pointer into the pass's one workspace allocation.
+                if "_u8" not in env:  # the first of them: the workspace itself
+                    env["_u8"] = torch.uint8
+                    lines += [f"    arena = _empty(({arena_bytes},), dtype=_u8, device=device)",
+                              "    pa = arena.data_ptr()"]
+                lines.append(f"    p{op[1]} = pa + {offsets[op[1]]}")
+                pointers.add(op[1])
+                continue
+            if op[0] == _FREE and op[1] in offsets:
+                if i == arena_end:
+                    lines.append("    arena = None")
+                continue
             if op[0] == _LAUNCH:
                 fast = direct and op[4] is not None
                 args = list(op[2])
@@ -185,6 +206,40 @@ class _Plan:
         lines.append(f"    return ({''.join(('None' if s < 0 else names[s]) + ', ' for s in self.outs)})")
         exec(compile("\n".join(lines), "<launch plan>", "exec"), env)  # noqa: S102 (our own generated source)
         return env["run"]
+
+    def arena(self) -> tuple[dict[int, int], int, int]:
+        """The workspace of a direct replay: (byte offset of each buffer in it, its size in bytes, the index in
+        ``ops`` after which it is dropped).
+
+        Its buffers are the intermediates (neither outputs nor bases of views) that only direct launches touch:
+        those need just a device pointer, so one allocation serves them all instead of one ``torch.empty`` each
+        (each costs several microseconds of host time). A buffer takes the lowest offset free of the buffers alive
+        with it (first fit in allocation order), so the workspace is about the largest live set of
+        intermediates, as the separate allocations' peak was."""
+        keep = set(self.outs)
+        views = {op[2] for op in self.ops if op[0] == _VIEW}
+        slow = {slot for op in self.ops if op[0] == _LAUNCH and op[4] is None for _, slot in op[3]}
+        frees = {op[1]: i for i, op in enumerate(self.ops) if op[0] == _FREE}
+        offsets: dict[int, int] = {}
+        live: list[tuple[int, int, int]] = []  # (offset, end, index of its free) of placed buffers
+        total, end = 0, -1
+        for i, op in enumerate(self.ops):
+            if op[0] != _ALLOC or op[1] in keep or op[1] in views or op[1] in slow or op[1] not in frees:
+                continue
+            size = op[3].itemsize
+            for d in op[2]:
+                size *= d
+            size = -(-max(size, 1) // _ALIGN) * _ALIGN
+            live = sorted(b for b in live if b[2] > i)
+            at = 0
+            for off, stop, _ in live:
+                if at + size <= off:
+                    break
+                at = max(at, stop)
+            offsets[op[1]] = at
+            live.append((at, at + size, frees[op[1]]))
+            total, end = max(total, at + size), max(end, frees[op[1]])
+        return offsets, total, end
 
     def run(self, inputs: Sequence[Optional[Tensor]], device: torch.device) -> tuple[Optional[Tensor], ...]:
         return self._run(inputs, device)

@@ -1021,7 +1021,7 @@ def _record(rec: "_plan._Recorder", kernel: Any, grid: tuple[int, ...], args: tu
 def tuning_state() -> tuple:
     """Everything in the tuning tables and launch-path switches that a pass's launches read: part of the key of
     its launch plan (launch_plan.py), so that changing a table never replays launches made under another."""
-    return (tuple(TUNING.items()), _FAST_LAUNCH, _plan.DIRECT)
+    return (tuple(TUNING.items()), _FAST_LAUNCH, _plan.DIRECT, _plan.WORKSPACE)
 
 
 @functools.cache  # called on every launch; a handful of (C, cap) pairs per model

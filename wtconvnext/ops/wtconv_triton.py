@@ -71,15 +71,18 @@ if TRITON_AVAILABLE:
     from .triton_kernels import (batch_chunks, coefficient_pair, folded_weights, input_grad_buffer, param_grads,
                                  weight_partials, wtconv_forward)
 
-    def _planned(core, inputs: tuple, *consts):
-        """``core(*inputs, *consts)``, replayed from its launch plan after the first call of a signature
-        (launch_plan.py); never while a triton_op body is traced."""
+    def _planned(core, inputs: tuple, *consts, sig: Optional[tuple] = None) -> tuple[tuple, Optional[tuple]]:
+        """(``core(*inputs, *consts)``, the inputs' launch-plan signature or None), replayed from its launch plan
+        after the first call of a signature (launch_plan.py); never while a triton_op body is traced. ``sig``: a
+        stand-in for ``signature(*inputs)`` that determines it (the backward's, from the forward's)."""
         key = None
         if _plan.ENABLED and not _tk._TRACED.on:
             # The current device (Triton's compiled kernels are per device; the interpreter's CPU tensors: none).
             dev = _tk._device_index() if inputs[0].is_cuda else None
-            key = (core, _plan.signature(*inputs), consts, _tk.tuning_state(), dev)
-        return _plan.planned(key, core, inputs, *consts)
+            if sig is None:
+                sig = _plan.signature(*inputs)
+            key = (core, sig, consts, _tk.tuning_state(), dev)
+        return _plan.planned(key, core, inputs, *consts), sig
 
     def _forward_core(
         xc: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
@@ -96,13 +99,14 @@ if TRITON_AVAILABLE:
     def _forward_impl(
         x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
         wavelet_scale: Tensor, stride: int, round_to: Optional[torch.dtype] = None,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """y in x's memory format, and the folded base and level kernels (for the backward). ``round_to``: the
-        autocast dtype the parameters are rounded to on the fly (eager mode), or None."""
+    ) -> tuple[Tensor, Tensor, Tensor, Optional[tuple]]:
+        """y in x's memory format, the folded base and level kernels (for the backward) and the launch-plan
+        signature of the pass (for the backward's key; None without plans). ``round_to``: the autocast dtype the
+        parameters are rounded to on the fly (eager mode), or None."""
         # The kernels work on channels-last data (wide channel vectors); NCHW input costs one copy each way.
-        out, base_w, level_w = _planned(_forward_core, (_channels_last(x), weight, bias, base_scale, wavelet_weight,
-                                                        wavelet_scale), stride, round_to)
-        return _in_format_of(out, x), base_w, level_w
+        (out, base_w, level_w), sig = _planned(_forward_core, (_channels_last(x), weight, bias, base_scale,
+                                                               wavelet_weight, wavelet_scale), stride, round_to)
+        return _in_format_of(out, x), base_w, level_w, sig
 
     def _backward_core(
         dy: Tensor, xc: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
@@ -140,17 +144,24 @@ if TRITON_AVAILABLE:
     def _backward_impl(
         dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
         wavelet_scale: Tensor, stride: int, base_w: Tensor, level_w: Tensor, round_to: Optional[torch.dtype] = None,
+        fwd_sig: Optional[tuple] = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         """(dx, d weight, d bias, d base_scale, d wavelet_weight, d wavelet_scale); d bias is for a zero bias when
-        ``bias`` is None. ``base_w`` / ``level_w`` are the forward's folded kernels."""
+        ``bias`` is None. ``base_w`` / ``level_w`` are the forward's folded kernels; ``fwd_sig``, the forward's
+        plan signature when x and the parameters are the very tensors that forward saw (autograd's saved ones):
+        with dy's, it determines the backward's inputs' signature, which is then not worked out again."""
         bsz, ch, h, w = x.shape
         if stride > 1:
             # The stride subsamples the full-resolution output: its adjoint scatters dy back onto zeros.
             dy_full = torch.zeros((bsz, h, w, ch), device=dy.device, dtype=dy.dtype).permute(0, 3, 1, 2)
             dy_full[:, :, ::stride, ::stride] = dy
             dy = dy_full
-        dx, *grads = _planned(_backward_core, (_channels_last(dy), _channels_last(x), weight, bias, base_scale,
-                                               wavelet_weight, wavelet_scale, base_w, level_w), round_to)
+        dyc = _channels_last(dy)
+        # x's channels-last copy (if x is not channels-last) and the folded kernels (the forward's outputs) have
+        # sizes, strides and alignment that the forward's signature fixes.
+        sig = None if fwd_sig is None else (fwd_sig, _plan.signature(dyc))
+        (dx, *grads), _ = _planned(_backward_core, (dyc, _channels_last(x), weight, bias, base_scale, wavelet_weight,
+                                                    wavelet_scale, base_w, level_w), round_to, sig=sig)
         return (_in_format_of(dx, x), *grads)
 
     def _refolded_backward(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
@@ -267,12 +278,13 @@ if TRITON_AVAILABLE:
 
         @staticmethod
         def forward(ctx, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to):
-            y, base_w, level_w = _forward_impl(
+            y, base_w, level_w, sig = _forward_impl(
                 x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to
             )
             ctx.save_for_backward(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, base_w, level_w)
             ctx.stride = stride
             ctx.round_to = round_to
+            ctx.sig = sig
             return y
 
         @staticmethod
@@ -281,7 +293,7 @@ if TRITON_AVAILABLE:
             x, weight, bias, base_scale, wavelet_weight, wavelet_scale, base_w, level_w = ctx.saved_tensors
             dx, dw, db, dbs, dww, dws = _backward_impl(
                 dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, ctx.stride, base_w, level_w,
-                ctx.round_to,
+                ctx.round_to, ctx.sig,
             )
             return dx, dw, (db if bias is not None else None), dbs, dww, dws, None, None
 
