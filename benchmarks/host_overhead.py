@@ -77,6 +77,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="results/host.json")
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--shapes", nargs="+", type=int, default=[0, 1, 2, 3], choices=range(4), metavar="I",
+                    help="stage shapes, by index, in this order")
     ap.add_argument("--no-compile", action="store_true", help="skip the compiled rows (their compiles take minutes)")
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
                     help="also print a cProfile of N default-path calls per shape (top 25 functions by own time)")
@@ -86,7 +88,7 @@ def main(argv=None) -> int:
         return 2
     cl = torch.channels_last
     rows = []
-    for _, c, h, w, levels in SHAPES[:4]:
+    for _, c, h, w, levels in (SHAPES[i] for i in args.shapes):
         x, dy, p = wtconv_inputs(1, c, h, w, levels, torch.bfloat16)
         x = x.contiguous(memory_format=cl).requires_grad_()
         dy = dy.contiguous(memory_format=cl)
@@ -141,6 +143,8 @@ def main(argv=None) -> int:
                          host_us=med[default], default_path=default, compiled_us=med["compiled"],
                          dw7_compiled_us=med["dw7_compiled"],
                          samples=times))
+        # Each shape's medians as they come (a call cut by its time limit keeps them).
+        print(f"row C={c} H={h} L={levels}: " + ", ".join(f"{k} {v:.1f} us" for k, v in med.items() if v), flush=True)
     hdr = (f"{'C, H, L':14} {'triton launch us':>17} {'kept kernels us':>16} {'planned us':>11} {'direct us':>10} "
            f"{'workspace us':>13} {'dw7 us':>8} {'default/dw7':>12} {'compiled us':>12} {'dw7 compiled us':>16} "
            f"{'ratio':>6}")
