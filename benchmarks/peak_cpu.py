@@ -9,7 +9,8 @@ the kernels replaced by stand-ins (``host_cpu.no_kernels``: nothing runs, buffer
 counts the bytes of every ``torch.empty`` storage alive at once during ``y = wtconv2d(x, ...)`` and
 ``torch.autograd.grad(y, [x, *params], dy)`` at the WTConvNeXt-T stage shapes, bf16 channels_last, y held
 throughout (as ``bench_layer``'s peak measures it: allocations above x and dy). It prints the peak in MiB and in
-units of x's size, for the default path and with the input gradient in a map of its own (``separate_dx``, the
+units of x's size, for the default path (direct launches, the intermediates in one workspace per pass), without the
+workspace (``no_workspace``) and, also without it, with the input gradient in a map of its own (``separate_dx``, the
 layout before ``input_grad_buffer``). No allocator rounding or cuDNN workspace: on the H200 ``bench_layer``'s
 peak at 56 x 56 was 361 MiB where this count gives 344 for the same layout; cuDNN's dw7 took 172.8 MiB (2.35 x x).
 """
@@ -64,8 +65,9 @@ class AllocationCounter:
         torch.empty = self._empty
 
 
-def layer_peak(b: int, c: int, h: int, w: int, levels: int, separate_dx: bool) -> int:
-    """Peak bytes of ``torch.empty`` storages alive at once in one forward + backward (y held until the end)."""
+def layer_peak(b: int, c: int, h: int, w: int, levels: int, separate_dx: bool, mode: str = "workspace") -> int:
+    """Peak bytes of ``torch.empty`` storages alive at once in one forward + backward (y held until the end), the
+    launches on ``mode``'s path (``host_cpu.MODES``)."""
     x, dy, p = wtconv_inputs(b, c, h, w, levels, torch.bfloat16, device="cpu")
     x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
     dy = dy.contiguous(memory_format=torch.channels_last)
@@ -76,7 +78,7 @@ def layer_peak(b: int, c: int, h: int, w: int, levels: int, separate_dx: bool) -
             wtconv_triton.input_grad_buffer = lambda dys, coef, lv: torch.empty(
                 dys.shape, dtype=dys.dtype, memory_format=torch.channels_last)
         # The counter first: launch plans bind torch.empty when they are recorded.
-        with AllocationCounter() as counter, no_kernels("planned"):
+        with AllocationCounter() as counter, no_kernels(mode):
             torch.autograd.grad(wtconv2d(x, *ps, backend="triton"), [x, *ps], dy)  # records the plans
             counter.live = counter.peak = 0
             y = wtconv2d(x, *ps, backend="triton")
@@ -97,12 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     for c, h, w, levels in STAGES[: args.shapes]:
         x_bytes = args.batch * c * h * w * 2
         row = dict(B=args.batch, C=c, H=h, W=w, levels=levels, dtype="bf16", x_mib=x_bytes / 2**20)
-        for name, separate in (("peak", False), ("separate_dx", True)):
-            row[f"{name}_mib"] = layer_peak(args.batch, c, h, w, levels, separate) / 2**20
+        for name, separate, mode in (("peak", False, "workspace"), ("no_workspace", False, "direct"),
+                                     ("separate_dx", True, "direct")):
+            row[f"{name}_mib"] = layer_peak(args.batch, c, h, w, levels, separate, mode) / 2**20
         rows.append(row)
-    hdr = f"{'B, C, H, L':18} {'x MiB':>8} {'peak MiB':>9} {'peak / x':>9} {'separate dx MiB':>16} {'/ x':>6}"
+    hdr = (f"{'B, C, H, L':18} {'x MiB':>8} {'peak MiB':>9} {'peak / x':>9} {'no workspace MiB':>17} "
+           f"{'separate dx MiB':>16} {'/ x':>6}")
     lines = [f"{r['B']:>4}, {r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['x_mib']:8.1f} {r['peak_mib']:9.1f} "
-             f"{r['peak_mib'] / r['x_mib']:9.2f} {r['separate_dx_mib']:16.1f} {r['separate_dx_mib'] / r['x_mib']:6.2f}"
+             f"{r['peak_mib'] / r['x_mib']:9.2f} {r['no_workspace_mib']:17.1f} {r['separate_dx_mib']:16.1f} "
+             f"{r['separate_dx_mib'] / r['x_mib']:6.2f}"
              for r in rows]
     env = dict(cpu=platform.processor() or platform.machine(), torch=torch.__version__,
                python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M:%S"))

@@ -231,6 +231,38 @@ def test_direct_replay_puts_intermediates_in_one_workspace(monkeypatch):
     assert calls[4][2][9:] == (pa, e_tensor.data_ptr(), out.data_ptr())  # d: a pointer at a's place
 
 
+def test_workspace_keeps_the_peak_of_separate_allocations(monkeypatch):
+    """A workspace lives until its last buffer's last use, so an output allocated after a large intermediate died
+    could not reuse that memory: such an intermediate stays an allocation of its own."""
+    calls: list = []
+    monkeypatch.setattr(launch_plan, "_direct_env", (lambda: 7, lambda: True))
+    monkeypatch.setattr(launch_plan, "DIRECT", True)
+    k = _FakeCompiled(calls, "k")
+    f32 = torch.float32
+
+    def core(x):
+        rec = launch_plan.recording()
+
+        def launch(*args):
+            if rec is not None:
+                rec.launch(lambda *a: None, args, (k.run, k.function, k.packed_metadata, 1, 1, 1))
+
+        big = launch_plan.empty((1 << 20,), f32, x.device)  # 4 MiB, dead before the output is made
+        small = launch_plan.empty((4,), f32, x.device)
+        launch(x, big, small)
+        out = launch_plan.empty((1 << 20,), f32, x.device)
+        launch(small, out)
+        return (out,)
+
+    launch_plan.planned(("peak",), core, (torch.zeros(3),))
+    offsets, size, _ = launch_plan._PLANS[("peak",)].arena()
+    assert offsets == {2: 0} and size == 512  # small alone; big keeps its own allocation
+    calls.clear()
+    (out,) = launch_plan.planned(("peak",), core, (torch.zeros(3),))
+    big_ptr, small_ptr = calls[0][2][10:]
+    assert big_ptr != small_ptr and calls[1][2][9:] == (small_ptr, out.data_ptr())
+
+
 def _grads(x, params, dy, stride=1):
     xs = x.detach().clone().requires_grad_()
     ps = [p.detach().clone().requires_grad_() if p is not None else None for p in params]
