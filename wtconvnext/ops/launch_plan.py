@@ -220,8 +220,8 @@ class _Plan:
         fit in allocation order). The workspace lives from its first buffer's allocation to its last one's last use,
         so an output allocated meanwhile cannot reuse a buffer that died before it, as it could from the caching
         allocator: the largest buffers leave the workspace until the pass's peak is at most ``_PEAK_SLACK`` higher
-        than with separate allocations (at 14 x 14, B=128, where the input gradient is allocated after x's coefficients die, the whole
-        workspace raised the peak by one map)."""
+        than with separate allocations (at 14 x 14, B=128, where the input gradient is allocated after x's
+        coefficients die, the whole workspace raised the peak by one map)."""
         keep = set(self.outs)
         views = {op[2] for op in self.ops if op[0] == _VIEW}
         slow = {slot for op in self.ops if op[0] == _LAUNCH and op[4] is None for _, slot in op[3]}

@@ -817,9 +817,9 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 # Launch shapes: fixed, not autotuned (the weight-gradient partials, hence the bits, must not depend on timing).
 # Override with ``TUNING.update(...)`` or ``WTCONVNEXT_TUNING=<file.json>``. From the H200 sweep of the
-# explicit-column kernels (results/h200/s13/ncu_rows.txt, depthwise 5x5 at the stage-1 shape, bf16): forward
-# 4 columns x 32 channels, one warp (0.123 ms vs cuDNN's 0.141); weight gradient 7 columns x 64 channels, two
-# warps, 4 images per program (0.174 ms vs 0.149).
+# explicit-column kernels (results/h200/s13/ncu_rows.txt, in git history at 7ff28de; depthwise 5x5 at the
+# stage-1 shape, bf16): forward 4 columns x 32 channels, one warp (0.123 ms vs cuDNN's 0.141); weight gradient
+# 7 columns x 64 channels, two warps, 4 images per program (0.174 ms vs 0.149).
 TUNING: dict[str, int] = {
     # conv_bc 64 (two channels per thread, one warp): H200, bf16, B=128, CUDA time of the four convolution
     # launches per fwd + bwd by the profiler (session 26, one run): 0.696 / 0.310 ms against 0.791 / 0.455 with 32
@@ -901,7 +901,7 @@ def _pow2(n: int) -> int:
 # divisible by 16 and 32-bit range; constexprs; warps; device) and is launched through its own launcher
 # (``CompiledKernel[grid]``, the call Triton's launch ends in). The kernel is keyed by id(): a JITFunction hashes
 # through a locked property.
-# H200: 12-15 % less host time per layer call (results/h200/s12/host.txt; 7-15 % in host_call2.txt).
+# H200: 12-15 % less host time per layer call (session 12; results/h200/s12/ in git history).
 # WTCONVNEXT_FAST_LAUNCH=0 (read at import) keeps every launch on Triton's path.
 _FAST_LAUNCH = os.environ.get("WTCONVNEXT_FAST_LAUNCH", "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
 _COMPILED: dict[tuple, object] = {}
