@@ -34,6 +34,7 @@ plan's key) allocates them one by one.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from typing import Any, Callable, Optional, Sequence
@@ -226,13 +227,9 @@ class _Plan:
         views = {op[2] for op in self.ops if op[0] == _VIEW}
         slow = {slot for op in self.ops if op[0] == _LAUNCH and op[4] is None for _, slot in op[3]}
         frees = {op[1]: i for i, op in enumerate(self.ops) if op[0] == _FREE}
-        sizes: dict[int, int] = {}
-        for op in self.ops:
-            if op[0] == _ALLOC:
-                size = op[3].itemsize
-                for d in op[2]:
-                    size *= d
-                sizes[op[1]] = -(-max(size, 1) // _ALIGN) * _ALIGN  # as the caching allocator rounds
+        # Rounded as the caching allocator rounds.
+        sizes = {op[1]: -(-max(op[3].itemsize * math.prod(op[2]), 1) // _ALIGN) * _ALIGN
+                 for op in self.ops if op[0] == _ALLOC}
         cands = [s for s in sizes if s not in keep and s not in views and s not in slow and s in frees]
         separate = self._peak(sizes, {}, 0, -1, -1)
         while cands:
