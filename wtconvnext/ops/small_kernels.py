@@ -15,7 +15,9 @@ wrote the weight-gradient partials, one image per row, ran at 0.67x / 0.93x thes
 the H200 and doubled the layer's peak memory (session 19; git 0ff21c8 has it).
 
 The phases are the multi-launch path's own device functions with the same operand order and storage dtypes, so
-the results are bitwise those of that path (the tests check it).
+the results are bitwise those of that path (the tests check it). Each phase is a function of its own (noinline,
+scalar arguments only): Triton's TritonGPUCoalesce pass is quadratic in a function's size, and the split takes the
+forward pass's sm_90 compile from 17.5 s to 6.5 s with the same loop code (results/cpu/compile_time.txt).
 """
 
 from __future__ import annotations
@@ -51,11 +53,14 @@ def _whole_synthesis(t, hc, wc, accin, dst, hf, wf, cc, cmask, HAS_ACC: tl.const
                      CHUNK if CHUNK < S * SW else S * SW, COMPUTE)
 
 
-@triton.jit
-def _image_analysis(src_ptr, coef_ptr, H, W, B, b, cc2, cm2, C: tl.constexpr, LEVELS: tl.constexpr,
-                    HM: tl.constexpr, WM: tl.constexpr, CHUNK: tl.constexpr, COMPUTE: tl.constexpr):
+@triton.jit(noinline=True)
+def _image_analysis(src_ptr, coef_ptr, H, W, B, b, cb, C: tl.constexpr, LEVELS: tl.constexpr,
+                    HM: tl.constexpr, WM: tl.constexpr, BC: tl.constexpr, CHUNK: tl.constexpr, COMPUTE: tl.constexpr):
     """Every level's subbands of image b of ``src_ptr`` (B, H, W, C), fine to coarse, each level from the low-pass
     this program just wrote (a barrier between levels; the caller puts one after the last)."""
+    c1 = cb * BC + tl.arange(0, BC)
+    cc2 = c1[None, :]
+    cm2 = (c1 < C)[None, :]
     zero = b * 0
     hs = H
     ws = W
@@ -77,51 +82,64 @@ def _image_analysis(src_ptr, coef_ptr, H, W, B, b, cc2, cm2, C: tl.constexpr, LE
         ws = wd
 
 
-@triton.jit
-def _image_pass(x_ptr, coef_ptr, filt_ptr, y_ptr, bw_ptr, bb_ptr, lw_ptr, H, W, B, b, c1, cm1,
-                C: tl.constexpr, K: tl.constexpr, LEVELS: tl.constexpr, HM: tl.constexpr, WM: tl.constexpr,
-                BW: tl.constexpr, BC: tl.constexpr, CHUNK: tl.constexpr, STRIDE: tl.constexpr,
-                HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr):
-    """A pass of image b from x's coefficients (already in ``coef_ptr``): the level convolutions, the synthesis
-    and the base convolution, with a barrier between phases. SYN1 (BW even): the base convolution does level 1's
-    inverse Haar step itself, as the multi-launch one does, so the synthesis stops at level 2."""
-    zero = b * 0  # an int64 zero: offsets into the level buffers can pass 2^31
+@triton.jit(noinline=True)
+def _image_level_convs(coef_ptr, filt_ptr, lw_ptr, H, W, B, b, cb, C: tl.constexpr, K: tl.constexpr,
+                       LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, FLIP: tl.constexpr,
+                       COMPUTE: tl.constexpr):
+    """Every level's depthwise convolutions of image b, channel block cb: subband by subband, strip by strip (one
+    code copy: a loop), from the coefficients in ``coef_ptr`` into the filtered subbands at ``filt_ptr``."""
+    c1 = cb * BC + tl.arange(0, BC)
+    cm1 = c1 < C
+    zbias = tl.zeros((BC,), dtype=COMPUTE)
+    hl = H + 0 * tl.program_id(0)  # loop-carried: a tensor even where Triton specialises H == 1
+    wl = W + 0 * tl.program_id(0)
+    off = b * 0  # an int64 zero: offsets into the level buffers can pass 2^31
+    for lv in range(LEVELS):
+        hl = (hl + 1) // 2
+        wl = (wl + 1) // 2
+        rs = tl.cast(wl * (4 * C), tl.int64)
+        img = off + b * hl * rs
+        for s in range(4):
+            cc = s * C + c1
+            wts = _conv_weights(lw_ptr + lv * (K * K * 4 * C), cc, cm1, 4 * C, K, COMPUTE)
+            for n0 in range(0, wl, BW):
+                xb = coef_ptr + img + n0 * (4 * C) + cc
+                _conv_strip(xb, xb, filt_ptr + img + cc, rs, rs, hl, wl, n0, cm1, wts, zbias, xb, xb, rs,
+                            4 * C, K, BW, 1, False, False, FLIP, COMPUTE, False, False)
+        off += tl.cast(B * hl * wl, tl.int64) * (4 * C)
+
+
+@triton.jit(noinline=True)
+def _image_synthesis(coef_ptr, filt_ptr, H, W, B, b, cb, C: tl.constexpr, LEVELS: tl.constexpr,
+                     HM: tl.constexpr, WM: tl.constexpr, BC: tl.constexpr, CHUNK: tl.constexpr,
+                     COMPUTE: tl.constexpr, SYN1: tl.constexpr):
+    """The synthesis of image b, channel block cb, coarse to fine down to level 1 + SYN1: acc_i over this image's
+    block of level i's coefficient region (laid out (h_{i-1}, w_{i-1}, C) from the block's start, so no write
+    reaches another image's coefficients), a barrier between levels."""
+    c1 = cb * BC + tl.arange(0, BC)
     cc2 = c1[None, :]
-    cm2 = cm1[None, :]
-    if LEVELS > 0:
-        # Every level's depthwise convolutions: subband by subband, strip by strip (one code copy: a loop).
-        zbias = tl.zeros((BC,), dtype=COMPUTE)
-        hl = H + 0 * tl.program_id(0)  # loop-carried: a tensor even where Triton specialises H == 1
-        wl = W + 0 * tl.program_id(0)
-        off = zero
-        for lv in range(LEVELS):
-            hl = (hl + 1) // 2
-            wl = (wl + 1) // 2
-            rs = tl.cast(wl * (4 * C), tl.int64)
-            img = off + b * hl * rs
-            for s in range(4):
-                cc = s * C + c1
-                wts = _conv_weights(lw_ptr + lv * (K * K * 4 * C), cc, cm1, 4 * C, K, COMPUTE)
-                for n0 in range(0, wl, BW):
-                    xb = coef_ptr + img + n0 * (4 * C) + cc
-                    _conv_strip(xb, xb, filt_ptr + img + cc, rs, rs, hl, wl, n0, cm1, wts, zbias, xb, xb, rs,
-                                4 * C, K, BW, 1, False, False, FLIP, COMPUTE, False, False)
-            off += tl.cast(B * hl * wl, tl.int64) * (4 * C)
-        tl.debug_barrier()
-        # The synthesis, coarse to fine: acc_i over this image's block of level i's coefficient region (laid out
-        # (h_{i-1}, w_{i-1}, C) from the block's start, so no write reaches another image's coefficients).
-        for j in tl.static_range(LEVELS - 1, SYN1 - 1, -1):
-            hf, wf, off = _level_at(H, W, B, j, 4 * C)
-            hc = (hf + 1) // 2
-            wc = (wf + 1) // 2
-            blk = off + b * hc * wc * (4 * C)  # this image's block of level j + 1
-            up = off + tl.cast(B * hc * wc, tl.int64) * (4 * C) + b * ((hc + 1) // 2) * ((wc + 1) // 2) * (4 * C)
-            if j < LEVELS - 1:
-                tl.debug_barrier()
-            _whole_synthesis(filt_ptr + blk + cc2, hc, wc, coef_ptr + up + cc2, coef_ptr + blk + cc2, hf, wf, cc2,
-                             cm2, j < LEVELS - 1, C, j + 1, HM, WM, CHUNK, COMPUTE)
-        tl.debug_barrier()
-    # The base convolution, + bias and acc_1 (this image's block of level 1's region), strided.
+    cm2 = (c1 < C)[None, :]
+    for j in tl.static_range(LEVELS - 1, SYN1 - 1, -1):
+        hf, wf, off = _level_at(H, W, B, j, 4 * C)
+        hc = (hf + 1) // 2
+        wc = (wf + 1) // 2
+        blk = off + b * hc * wc * (4 * C)  # this image's block of level j + 1
+        up = off + tl.cast(B * hc * wc, tl.int64) * (4 * C) + b * ((hc + 1) // 2) * ((wc + 1) // 2) * (4 * C)
+        if j < LEVELS - 1:
+            tl.debug_barrier()
+        _whole_synthesis(filt_ptr + blk + cc2, hc, wc, coef_ptr + up + cc2, coef_ptr + blk + cc2, hf, wf, cc2,
+                         cm2, j < LEVELS - 1, C, j + 1, HM, WM, CHUNK, COMPUTE)
+
+
+@triton.jit(noinline=True)
+def _image_base_conv(x_ptr, coef_ptr, filt_ptr, y_ptr, bw_ptr, bb_ptr, H, W, B, b, cb, C: tl.constexpr,
+                     K: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
+                     STRIDE: tl.constexpr, HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr,
+                     SYN1: tl.constexpr):
+    """The base convolution of image b, channel block cb, + bias and acc_1 (this image's block of level 1's
+    region), strided; SYN1 (BW even): it does level 1's inverse Haar step itself, as the multi-launch one does."""
+    c1 = cb * BC + tl.arange(0, BC)
+    cm1 = c1 < C
     wts = _conv_weights(bw_ptr, c1, cm1, C, K, COMPUTE)
     if HAS_BIAS:
         bias = tl.load(bb_ptr + c1, mask=cm1, other=0.0).to(COMPUTE)
@@ -162,10 +180,15 @@ def _small_kernel(
     """One WTConv pass (forward, or with FLIP and no bias the input gradient) of image ``program_id(0)``,
     channels ``program_id(1) * BC ...``; HM / WM: powers of two at least H / W (the analysis and synthesis tiles)."""
     b = tl.program_id(0).to(tl.int64)
-    c1 = tl.program_id(1) * BC + tl.arange(0, BC)
-    cm1 = c1 < C
-    if LEVELS > 0 and not HAS_COEF:
-        _image_analysis(x_ptr, coef_ptr, H, W, B, b, c1[None, :], cm1[None, :], C, LEVELS, HM, WM, CHUNK, COMPUTE)
+    cb = tl.program_id(1)
+    filt = filt_ptr + tl.cast(filt_off, tl.int64)
+    if LEVELS > 0:
+        if not HAS_COEF:
+            _image_analysis(x_ptr, coef_ptr, H, W, B, b, cb, C, LEVELS, HM, WM, BC, CHUNK, COMPUTE)
+            tl.debug_barrier()
+        _image_level_convs(coef_ptr, filt, lw_ptr, H, W, B, b, cb, C, K, LEVELS, BW, BC, FLIP, COMPUTE)
         tl.debug_barrier()
-    _image_pass(x_ptr, coef_ptr, filt_ptr + tl.cast(filt_off, tl.int64), y_ptr, bw_ptr, bb_ptr, lw_ptr, H, W, B, b,
-                c1, cm1, C, K, LEVELS, HM, WM, BW, BC, CHUNK, STRIDE, HAS_BIAS, FLIP, COMPUTE, SYN1)
+        _image_synthesis(coef_ptr, filt, H, W, B, b, cb, C, LEVELS, HM, WM, BC, CHUNK, COMPUTE, SYN1)
+        tl.debug_barrier()
+    _image_base_conv(x_ptr, coef_ptr, filt, y_ptr, bw_ptr, bb_ptr, H, W, B, b, cb, C, K, LEVELS, BW, BC, STRIDE,
+                     HAS_BIAS, FLIP, COMPUTE, SYN1)
