@@ -56,16 +56,19 @@ def default_mode() -> str:
 
 def host_profile(fn, iters: int, top: int) -> str:
     """cProfile of ``iters`` calls of ``fn``: the ``top`` functions by own time (where the host time goes; the
-    launchers and torch's C functions appear as built-ins)."""
+    launchers and torch's C functions appear as built-ins). Autograd runs the backward on the calling thread here
+    (``set_multithreading_enabled(False)``): on its CUDA device thread, which cProfile does not see, the whole
+    backward's Python counted as the engine's own time."""
     import cProfile
     import io
     import pstats
 
     prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(iters):
-        fn()
-    prof.disable()
+    with torch.autograd.set_multithreading_enabled(False):
+        prof.enable()
+        for _ in range(iters):
+            fn()
+        prof.disable()
     torch.cuda.synchronize()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
@@ -134,6 +137,10 @@ def main(argv=None) -> int:
                 set_mode(default)
                 print(f"=== cProfile, C={c} {h}x{w} L={levels}, B=1 bf16 f+b, {args.cprofile} calls ({default})")
                 print(host_profile(wt, args.cprofile, 25))
+                # What autograd's hand-off of the backward to its device thread costs each (the profile's setting).
+                with torch.autograd.set_multithreading_enabled(False):
+                    print(f"backward on the calling thread: ours {wall_us(wt, args.iters):.1f} us, "
+                          f"dw7 {wall_us(dw7, args.iters):.1f} us per f+b (table: on autograd's device thread)")
         finally:
             tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT, launch_plan.WORKSPACE = defaults
         med = {k: statistics.median(v) if v else None for k, v in times.items()}
