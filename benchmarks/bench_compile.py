@@ -7,6 +7,9 @@ CUDA-event-timed steps) and peak memory, as ``bench_model.py`` measures them.
     python benchmarks/bench_compile.py [--models convnext_tiny wtconvnext_tiny] [--opaque] [--batch 128]
                                        [--out results/compile.json]
 
+``--stacks S``: every S seconds each case's process writes every thread's Python stack to
+``<out>.<model>.stacks.txt`` (beside ``--out``), so a case cut by ``--timeout`` still shows where its compile was.
+
 ``--opaque`` adds a WTConvNeXt row compiled on the opaque custom op (WTCONVNEXT_TRITON_OP=0) instead of the traced
 ``triton_op`` path. ``--tuning KEY=V ...`` adds WTConvNeXt rows whose kernels take other TUNING entries (one row per
 argument, e.g. ``wgrad_pair=0`` or ``wgrad_pair=0,wgrad_unroll=0``): variants that compile faster, side by side. Rows also give the compile phases torch records (AOTAutograd trace, Inductor lowering,
@@ -23,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -72,9 +76,12 @@ def _tuning(spec: str) -> dict[str, int]:
         raise SystemExit(f"--tuning: expected KEY=INT[,KEY=INT...], got {spec!r}") from None
 
 
-def _spawn(name: str, batch: int, opaque: bool, timeout: int, tuning: str = "") -> dict:
+def _spawn(name: str, batch: int, opaque: bool, timeout: int, tuning: str = "", stacks: int = 0,
+           stacks_file: Optional[Path] = None) -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(), TRITON_CACHE_DIR=tempfile.mkdtemp(),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    if stacks and stacks_file is not None:
+        env["BENCH_COMPILE_STACKS"] = f"{stacks}:{stacks_file}"
     if opaque:
         env["WTCONVNEXT_TRITON_OP"] = "0"
     if tuning:
@@ -102,9 +109,17 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--timeout", type=int, default=400, help="seconds per case")
     ap.add_argument("--out", default="results/compile.json")
+    ap.add_argument("--stacks", type=int, default=0, metavar="S",
+                    help="every S seconds, dump each case's Python stacks beside --out (0: off)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
+        dump = os.environ.get("BENCH_COMPILE_STACKS")
+        if dump:  # where the compile spends its time, even if the parent's timeout kills this process
+            import faulthandler
+
+            every, path = dump.split(":", 1)
+            faulthandler.dump_traceback_later(int(every), repeat=True, file=open(path, "w"))  # noqa: SIM115
         print("ROW " + json.dumps(_case(args.child, args.batch)), flush=True)
         return 0
     import torch
@@ -120,9 +135,12 @@ def main(argv=None) -> int:
     if args.opaque:
         cases += [(m, True, "") for m in args.models if m.startswith("wtconvnext")]
     cases += [(m, False, t) for t in args.tuning for m in args.models if m.startswith("wtconvnext")]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for name, opaque, tuning in cases:
-        rows.append(_spawn(name, args.batch, opaque, args.timeout, tuning))
+        tag = name + ("_opaque" if opaque else "") + (f"_{tuning.replace(',', '_')}" if tuning else "")
+        stacks_file = Path(args.out).with_suffix(f".{tag}.stacks.txt")
+        rows.append(_spawn(name, args.batch, opaque, args.timeout, tuning, args.stacks, stacks_file))
         print("  ", rows[-1], flush=True)
     base = next((r for r in rows if r["model"].startswith("convnext") and "error" not in r), None)
     lines = []

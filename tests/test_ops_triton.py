@@ -406,6 +406,30 @@ def test_backward_analyses_x_and_dy_in_one_launch(small, pair, monkeypatch):
     assert sorted(names) == sorted(["_analysis_kernel", *walks, "_param_grads_kernel", *passes]), names
 
 
+def test_traced_backward_walks_in_two_launches(monkeypatch):
+    """In a triton_op body (what torch.compile traces) the weight-gradient walks take two launches even with TUNING
+    wgrad_pair: Inductor re-emits the helper functions without noinline, and the pair would compile as one large
+    function. The partials are bitwise the pair's."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "wgrad_pair": 1})
+    x = torch.randn(2, 4, 11, 9, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    dy = torch.randn_like(x)
+    cdy, cx = tk.coefficient_pair(dy, x, 2)
+    paired = tk.weight_partials(x, dy, cx, cdy, 3, 2)
+    names = _spy_launches(monkeypatch)
+    # wrap_triton outside a trace launches the kernel as usual.
+    with tk.traced_launches():
+        traced = tk.weight_partials(x, dy, cx, cdy, 3, 2)
+    assert names == ["_wgrad_kernel", "_wgrad_kernel"], names
+    k, kk = 3, 9  # the partials' used lanes: taps (and the base's dy sum in lane K*K); the rest is never written
+    assert torch.equal(traced[0][:, :kk + 1], paired[0][:, :kk + 1])
+    assert torch.equal(traced[1][:, :kk], paired[1][:, :kk])
+    params = _params(4, k, 2, True, torch.float32)
+    for a, b in zip(tk.param_grads(traced, tuple(x.shape), *params), tk.param_grads(paired, tuple(x.shape), *params)):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[4], SHAPES[5], SHAPES[6], SHAPES[7]],
                          ids=["L2", "7x7", "L6", "s2", "s3odd", "1x1"])
 def test_small_maps_one_launch_per_pass(shape, monkeypatch):

@@ -1313,7 +1313,11 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     spans = (first // imgs, groups)
     r0 = _cdiv(bsz, imgs) * _cdiv(w, bw)
     lbc = _block_c(4 * ch, TUNING["wgrad_bc"])
-    if levels and TUNING["wgrad_pair"]:
+    # Not in a traced (triton_op) body: Inductor re-emits a user kernel's helper functions with a plain
+    # @triton.jit, dropping _wgrad_program's noinline, so the pair would compile as one function (140 s for sm_90
+    # on the CPU machine, four of them per WTConvNeXt) where two launches compile in parallel workers; the launch
+    # it saves is host time, which Inductor's launches and CUDA graphs do not spend here. Same partials, bit for bit.
+    if levels and TUNING["wgrad_pair"] and not _TRACED.on:
         _launch(
             _wgrad_pair_kernel,
             (r0 + _level_programs(h, w, levels, bw, _cdiv(bsz, imgs)), max(_cdiv(ch, bc), _cdiv(4 * ch, lbc))),
