@@ -9,6 +9,8 @@ CUDA-event-timed steps) and peak memory, as ``bench_model.py`` measures them.
 
 ``--stacks S``: every S seconds each case's process writes every thread's Python stack to
 ``<out>.<model>.stacks.txt`` (beside ``--out``), so a case cut by ``--timeout`` still shows where its compile was.
+A diagnostic only: faulthandler reads the other threads' frames while they run, and on the H200 (session 29) the
+case died during its third dump; the rows of such a run are not timings.
 
 ``--opaque`` adds a WTConvNeXt row compiled on the opaque custom op (WTCONVNEXT_TRITON_OP=0) instead of the traced
 ``triton_op`` path. ``--tuning KEY=V ...`` adds WTConvNeXt rows whose kernels take other TUNING entries (one row per
