@@ -110,9 +110,44 @@ def compile_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, Any],
     """
     import triton
     from triton.backends.compiler import GPUTarget
+
+    return triton.compile(_sm90_source(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps})
+
+
+def _sm90_source(fn: Any, signature: dict[str, str], constexprs: dict[str, Any]) -> Any:
     from triton.compiler import ASTSource
 
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in signature.items() if t.startswith("*")}
-    src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}}, constexprs=constexprs,
-                    attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    return ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}}, constexprs=constexprs,
+                     attrs=attrs)
+
+
+def ttir_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], warps: int = 4) -> str:
+    """The TTIR that :func:`compile_sm90` would produce (Triton's first IR stage, after its own passes), without the
+    later stages: those take minutes for the unrolled kernels (TritonGPUCoalesce), this a second. Runs the compiler's
+    stages by hand; where this Triton's internals differ, falls back to the whole compile."""
+    import inspect
+
+    from triton.backends.compiler import GPUTarget
+
+    try:
+        from triton._C.libtriton import ir
+        from triton.compiler.compiler import make_backend
+
+        target = GPUTarget("cuda", 90, 32)
+        src = _sm90_source(fn, signature, constexprs)
+        backend = make_backend(target)
+        options = backend.parse_options({"num_warps": warps})
+        context = ir.context()
+        ir.load_dialects(context)
+        backend.load_dialects(context)
+        args = [options, backend.get_codegen_implementation(options), backend.get_module_map(), context]
+        if "target" in inspect.signature(src.make_ir).parameters:
+            args.insert(0, target)
+        module = src.make_ir(*args)
+        stages: dict[str, Any] = {}
+        backend.add_stages(stages, options, src.language)
+        return str(stages["ttir"](module, {}))
+    except (ImportError, AttributeError, TypeError, KeyError):
+        return compile_sm90(fn, signature, constexprs, warps).asm["ttir"]

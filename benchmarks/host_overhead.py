@@ -49,9 +49,9 @@ def set_mode(mode: str) -> None:
 def default_mode() -> str:
     """The launch path a layer call takes with the module defaults."""
     now = (tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT, launch_plan.WORKSPACE)
-    if not now[2]:
-        return "planned" if now[1] else "kept"
-    return "workspace" if now[3] else "direct"
+    # WORKSPACE only matters with DIRECT, DIRECT only with plans: the first mode whose effective flags match.
+    effective = lambda f: (f[0], f[1], f[1] and f[2], f[1] and f[2] and f[3])  # noqa: E731
+    return next(m for m, flags in MODES.items() if effective(flags) == effective(now))
 
 
 def host_profile(fn, iters: int, top: int) -> str:

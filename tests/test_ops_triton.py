@@ -173,9 +173,12 @@ def test_memory_formats_and_views():
 
 
 def test_weight_grads_deterministic():
+    """Two runs, the same bits in every output and gradient (no atomics: fixed-order partial sums). What can differ
+    is a GPU's scheduling, so the GPU runs the larger map; the interpreter, sequential, only checks the path."""
     c, k, levels = 4, 5, 3
     params = _params(c, k, levels, True, torch.float32)
-    x = torch.randn(3, c, 16, 12, device=DEVICE)
+    shape = (3, c, 16, 12) if DEVICE == "cuda" else (2, c, 8, 7)
+    x = torch.randn(*shape, device=DEVICE)
     first, dy = _run(x, params, 1, "triton")
     second, _ = _run(x, params, 1, "triton", dy)
     for name, a, b in zip(NAMES, first, second):

@@ -158,10 +158,12 @@ class _Plan:
             lines.append(f"    {', '.join(names[:n_in])}, = inputs")
         pointers: set[int] = set()  # slots whose device pointer is a local already
         offsets, arena_bytes, arena_end = self.arena() if direct and WORKSPACE else ({}, 0, -1)
+        arena_made = False
         for i, op in enumerate(self.ops):
             if op[0] == _ALLOC and op[1] in offsets:
                 # A buffer that only direct launches touch: a pointer into the pass's one workspace allocation.
-                if "_u8" not in env:  # the first of them: the workspace itself
+                if not arena_made:  # the first of them: the workspace itself
+                    arena_made = True
                     env["_u8"] = torch.uint8
                     lines += [f"    arena = _empty(({arena_bytes},), dtype=_u8, device=device)",
                               "    pa = arena.data_ptr()"]
