@@ -379,7 +379,7 @@ def _wgrad_pair_kernel(
 
 
 # noinline: the paired kernel's two walks stay separate functions, and Triton's TritonGPUCoalesce pass, quadratic
-# in a function's size, compiles it in 47 s instead of 140 (sm_90, results/cpu/compile_time.txt; same loop code).
+# in a function's size, compiles it in 49 s instead of 89 (sm_90, results/cpu/compile_time.txt; same loop code).
 @triton.jit(noinline=True)
 def _wgrad_program(pid, cb, x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC: tl.constexpr, K: tl.constexpr,
                    TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, DSUM: tl.constexpr,
@@ -1314,7 +1314,7 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     r0 = _cdiv(bsz, imgs) * _cdiv(w, bw)
     lbc = _block_c(4 * ch, TUNING["wgrad_bc"])
     # Not in a traced (triton_op) body: Inductor re-emits a user kernel's helper functions with a plain
-    # @triton.jit, dropping _wgrad_program's noinline, so the pair would compile as one function (140 s for sm_90
+    # @triton.jit, dropping _wgrad_program's noinline, so the pair would compile as one function (89 s for sm_90
     # on the CPU machine, four of them per WTConvNeXt) where two launches compile in parallel workers; the launch
     # it saves is host time, which Inductor's launches and CUDA graphs do not spend here. Same partials, bit for bit.
     if levels and TUNING["wgrad_pair"] and not _TRACED.on:
