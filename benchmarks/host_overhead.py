@@ -10,7 +10,8 @@ times forward + backward of the fused WTConv with every launch through ``kernel[
 the compiled kernels kept after their first launch ("kept"; ``_launch`` in ``wtconvnext/ops/triton_kernels.py``),
 with launch plans replayed through Triton's runners ("planned"), calling the launchers directly ("direct") and
 so with the intermediates in one workspace allocation per pass ("workspace"; ``wtconvnext/ops/launch_plan.py``;
-``host_us`` is the default one of the three), and
+``host_us`` is the default one of these), replaying each pass's launches as a CUDA graph keyed by its pointers
+("graphs", opt-in ``launch_plan.GRAPHS``), and
 compiled with static sizes (Inductor's code launches the kernels), in alternating rounds so that drifts of the
 host hit all alike, with cuDNN's depthwise 7x7, eager and compiled, for scale. Prints the median per iteration and
 writes JSON.
@@ -36,21 +37,26 @@ from wtconvnext.ops import wtconv2d  # noqa: E402
 
 
 # Launch paths timed side by side: (triton_kernels._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT,
-# launch_plan.WORKSPACE).
-MODES = {"triton": (False, False, False, False), "kept": (True, False, False, False),
-         "planned": (True, True, False, False), "direct": (True, True, True, False),
-         "workspace": (True, True, True, True)}
+# launch_plan.WORKSPACE, launch_plan.GRAPHS).
+MODES = {"triton": (False, False, False, False, False), "kept": (True, False, False, False, False),
+         "planned": (True, True, False, False, False), "direct": (True, True, True, False, False),
+         "workspace": (True, True, True, True, False), "graphs": (True, True, True, True, True)}
+
+
+def _flags() -> tuple[bool, ...]:
+    return tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT, launch_plan.WORKSPACE, launch_plan.GRAPHS
 
 
 def set_mode(mode: str) -> None:
-    tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT, launch_plan.WORKSPACE = MODES[mode]
+    tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT, launch_plan.WORKSPACE, launch_plan.GRAPHS = MODES[mode]
 
 
 def default_mode() -> str:
     """The launch path a layer call takes with the module defaults."""
-    now = (tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT, launch_plan.WORKSPACE)
-    # WORKSPACE only matters with DIRECT, DIRECT only with plans: the first mode whose effective flags match.
-    effective = lambda f: (f[0], f[1], f[1] and f[2], f[1] and f[2] and f[3])  # noqa: E731
+    now = _flags()
+    # WORKSPACE and GRAPHS only matter with DIRECT, DIRECT only with plans: the first mode whose effective flags
+    # match.
+    effective = lambda f: (f[0], f[1], f[1] and f[2], f[1] and f[2] and f[3], f[1] and f[2] and f[4])  # noqa: E731
     return next(m for m, flags in MODES.items() if effective(flags) == effective(now))
 
 
@@ -114,14 +120,14 @@ def main(argv=None) -> int:
         def dw7_compiled():
             torch.autograd.grad(dw7_graph(x, w7), [x, w7], dy)
 
-        defaults = tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT, launch_plan.WORKSPACE
+        defaults = _flags()
         default = default_mode()
         times: dict[str, list[float]] = {m: [] for m in (*MODES, "dw7", "compiled", "dw7_compiled")}
         try:
             for mode in MODES:  # compile / fill the caches and record the plans outside the timing
                 set_mode(mode)
-                wt()
-                wt()
+                for _ in range(3):  # graphs: recorded, seen, captured
+                    wt()
             compiled = {"dw7": dw7} if args.no_compile else {
                 "dw7": dw7, "compiled": wt_compiled, "dw7_compiled": dw7_compiled}
             for fn in compiled.values():
@@ -142,21 +148,24 @@ def main(argv=None) -> int:
                     print(f"backward on the calling thread: ours {wall_us(wt, args.iters):.1f} us, "
                           f"dw7 {wall_us(dw7, args.iters):.1f} us per f+b (table: on autograd's device thread)")
         finally:
-            tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT, launch_plan.WORKSPACE = defaults
+            tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT, launch_plan.WORKSPACE, launch_plan.GRAPHS = defaults
         med = {k: statistics.median(v) if v else None for k, v in times.items()}
         rows.append(dict(C=c, H=h, W=w, levels=levels, dtype="bf16", B=1, iters=args.iters, rounds=args.rounds,
                          triton_us=med["triton"], kept_us=med["kept"], planned_us=med["planned"],
-                         direct_us=med["direct"], workspace_us=med["workspace"], dw7_us=med["dw7"],
+                         direct_us=med["direct"], workspace_us=med["workspace"], graphs_us=med["graphs"],
+                         dw7_us=med["dw7"],
                          host_us=med[default], default_path=default, compiled_us=med["compiled"],
                          dw7_compiled_us=med["dw7_compiled"],
                          samples=times))
         # Each shape's medians as they come (a call cut by its time limit keeps them).
         print(f"row C={c} H={h} L={levels}: " + ", ".join(f"{k} {v:.1f} us" for k, v in med.items() if v), flush=True)
     hdr = (f"{'C, H, L':14} {'triton launch us':>17} {'kept kernels us':>16} {'planned us':>11} {'direct us':>10} "
-           f"{'workspace us':>13} {'dw7 us':>8} {'default/dw7':>12} {'compiled us':>12} {'dw7 compiled us':>16} "
+           f"{'workspace us':>13} {'graphs us':>10} {'dw7 us':>8} {'default/dw7':>12} {'compiled us':>12} "
+           f"{'dw7 compiled us':>16} "
            f"{'ratio':>6}")
     lines = [f"{r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['triton_us']:17.1f} {r['kept_us']:16.1f} "
-             f"{r['planned_us']:11.1f} {r['direct_us']:10.1f} {r['workspace_us']:13.1f} {r['dw7_us']:8.1f} "
+             f"{r['planned_us']:11.1f} {r['direct_us']:10.1f} {r['workspace_us']:13.1f} {r['graphs_us']:10.1f} "
+             f"{r['dw7_us']:8.1f} "
              f"{r['host_us'] / r['dw7_us']:12.2f} "
              + (f"{r['compiled_us']:12.1f} {r['dw7_compiled_us']:16.1f} {r['compiled_us'] / r['dw7_compiled_us']:6.2f}"
                 if r["compiled_us"] is not None else f"{'-':>12} {'-':>16} {'-':>6}")

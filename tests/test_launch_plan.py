@@ -178,6 +178,64 @@ def test_direct_replay_calls_the_launchers_with_pointers(monkeypatch):
     assert [c[:2] for c in calls] == [("runner", "k0"), ("runner", "k1")]
 
 
+def test_graph_mode_replays_a_captured_graph_per_pointer_set(monkeypatch):
+    """GRAPHS (opt-in): a direct replay launches as usual the first time its pointers are seen, captures a graph of
+    its launches the second time and replays it (once) then and every later time; other pointers launch again, a
+    stream being captured never captures, and at most _MAX_GRAPHS graphs are kept per plan."""
+    calls: list = []
+    capturing = [False]
+    monkeypatch.setattr(launch_plan, "_direct_env", (lambda: 5, lambda: True))
+    monkeypatch.setattr(launch_plan, "DIRECT", True)
+    monkeypatch.setattr(launch_plan, "GRAPHS", True)
+    monkeypatch.setattr(launch_plan, "_MAX_GRAPHS", 2)
+    kernels = {name: _FakeCompiled(calls, name) for name in ("k0", "k1")}
+
+    class Graph:
+        def __init__(self, launches):
+            calls.append(("capture",))
+            self.launches = launches
+
+        def replay(self):
+            calls.append(("replay",))
+            self.launches(-1)  # what the captured launches do, on the replaying stream
+
+    monkeypatch.setattr(launch_plan, "_graph_env", (Graph, lambda: capturing[0]))
+
+    def core(x, w):
+        rec = launch_plan.recording()
+        for name, args in (("k0", (x, w, 3)), ("k1", (w, x, None))):
+            if rec is not None:
+                k = kernels[name]
+                rec.launch(lambda *a: None, args, (k.run, k.function, k.packed_metadata, 1, 2, 3))
+        return (None,)
+
+    x, w = torch.zeros(3), torch.ones(2)
+    launch_plan.planned(("graphs",), core, (x, w))  # recorded the ordinary way (no launcher calls here)
+
+    def replay(*inputs):
+        calls.clear()
+        launch_plan.planned(("graphs",), core, inputs)
+        return [(c[0], c[1], c[2][3]) if c[0] == "direct" else c for c in calls]  # kind, kernel, stream
+
+    direct = [("direct", "k0", 5), ("direct", "k1", 5)]
+    replayed = [("replay",), ("direct", "k0", -1), ("direct", "k1", -1)]
+    assert replay(x, w) == direct  # first sight of these pointers
+    assert calls[0][2][9:] == (x.data_ptr(), w.data_ptr(), 3)
+    assert replay(x, w) == [("capture",), *replayed]  # second: captured, then replayed
+    assert replay(x, w) == replayed
+    x2 = torch.zeros(3)
+    assert replay(x2, w) == direct  # other pointers
+    capturing[0] = True
+    assert replay(x2, w) == direct  # inside another capture: launched into it, never captured
+    capturing[0] = False
+    assert replay(x2, w) == [("capture",), *replayed]
+    x3 = torch.zeros(3)
+    replay(x3, w)
+    assert replay(x3, w)[0] == ("capture",)  # a third graph: the oldest (x's) is dropped
+    assert replay(x, w) == direct
+    assert replay(x2, w) == replayed
+
+
 def test_direct_replay_puts_intermediates_in_one_workspace(monkeypatch):
     """Intermediates that only direct launches touch become pointers into one allocation per pass, each at the
     lowest 512-byte-aligned offset free of the buffers alive with it; outputs, bases of views and buffers a runner
@@ -313,6 +371,38 @@ def test_replay_is_bitwise_the_ordinary_path(h, w, levels, stride, bias, small_m
     for got in (recorded, replayed, nchw):
         for a, b in zip(got, ordinary):
             assert torch.equal(a, b)
+
+
+@pytest.mark.triton
+@_ON_GPU
+@pytest.mark.parametrize("small_max", [0, 16], ids=["multi-launch", "small-map"])
+def test_graph_mode_is_bitwise_the_ordinary_path(small_max, monkeypatch):
+    """GRAPHS (opt-in): passes whose pointers repeat are replayed as CUDA graphs of their launches, with the
+    ordinary path's bits, forward and backward."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max})
+    monkeypatch.setattr(launch_plan, "GRAPHS", True)
+    g = torch.Generator().manual_seed(5)
+    c, k, levels, h, w = 6, 3, 2, 11, 9
+
+    def r(*shape):
+        return (torch.rand(*shape, generator=g) - 0.5).to(DEVICE, torch.bfloat16)
+
+    params = [r(c, 1, k, k), r(c), 1 + r(c), r(levels, c, 4, k, k), r(levels, c, 4)]
+    x = r(2, c, h, w).contiguous(memory_format=torch.channels_last)
+    dy = r(2, c, h, w).contiguous(memory_format=torch.channels_last)
+    monkeypatch.setattr(launch_plan, "ENABLED", False)
+    ordinary = _grads(x, params, dy)
+    monkeypatch.setattr(launch_plan, "ENABLED", True)
+    launch_plan.clear()
+    for _ in range(5):  # recorded, replayed (pointers seen), captured and replayed, then replays of the graph
+        got = _grads(x, params, dy)  # each call's tensors freed before the next: the allocator repeats addresses
+        for a, b in zip(got, ordinary):
+            assert torch.equal(a, b)
+        del got
+    graphs = [p._run.__globals__.get("_graphs") for p in launch_plan._PLANS.values() if p is not None]
+    assert len(graphs) == 2 and all(gr for gr in graphs), graphs  # the forward's and the backward's
 
 
 @pytest.mark.triton

@@ -30,6 +30,15 @@ Workspace: since a direct launch needs only a device pointer, a direct replay al
 direct launches touch as one workspace per pass (:meth:`_Plan.arena`) rather than one ``torch.empty`` each.
 ``WTCONVNEXT_PLAN_WORKSPACE=0`` (read at import) or ``WORKSPACE = False`` (read when a plan is recorded; part of a
 plan's key) allocates them one by one.
+
+Graphs (opt-in, an experiment of issue 15 not yet measured on a GPU): ``WTCONVNEXT_PLAN_GRAPHS=1`` (read at import)
+or ``GRAPHS = True`` (read when a plan is recorded; part of a plan's key). A direct replay whose launches are all
+direct makes its allocations and reads its pointers as before, then, instead of its launches, replays a CUDA graph
+of them keyed by those pointers: a training loop's caching allocator hands a layer the same addresses every step, so
+from the second step on a pass is one graph launch instead of 2-12 kernel launches. A key's graph is captured the
+second time the key is seen (one-off keys cost no capture), at most ``_MAX_GRAPHS`` per plan (oldest dropped); never
+while the current stream is itself being captured. Launches deferred to the end of the pass keep their order, so a
+buffer freed mid-pass and handed to a later allocation of the pass is reused in stream order, as before.
 """
 
 from __future__ import annotations
@@ -42,13 +51,18 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["ENABLED", "DIRECT", "WORKSPACE", "empty", "view", "planned", "recording", "clear", "use_direct"]
+__all__ = ["ENABLED", "DIRECT", "WORKSPACE", "GRAPHS", "empty", "view", "planned", "recording", "clear",
+           "use_direct", "use_graphs"]
 
 ENABLED = os.environ.get("WTCONVNEXT_LAUNCH_PLANS", "1") != "0"
 DIRECT = os.environ.get("WTCONVNEXT_DIRECT_LAUNCH", "1") != "0"
 WORKSPACE = os.environ.get("WTCONVNEXT_PLAN_WORKSPACE", "1") != "0"
+GRAPHS = os.environ.get("WTCONVNEXT_PLAN_GRAPHS", "0") == "1"
 # (current stream, whether the launch hooks are idle): set by the kernel module where Triton runs on a GPU.
 _direct_env: Optional[tuple[Callable[[], int], Callable[[], bool]]] = None
+# (capture(launches) -> a graph with .replay(), whether the current stream is being captured): likewise.
+_graph_env: Optional[tuple[Callable[[Callable[[int], None]], Any], Callable[[], bool]]] = None
+_MAX_GRAPHS = 8  # per plan: a plan is one layer shape; its keys, the pointer sets it meets
 _MAX_PLANS = 1024  # signatures are exact sizes: bound the table for workloads of ever-new shapes
 
 _ALLOC, _LAUNCH, _FREE, _VIEW = 0, 1, 2, 3
@@ -158,6 +172,11 @@ class _Plan:
             lines.append(f"    {', '.join(names[:n_in])}, = inputs")
         pointers: set[int] = set()  # slots whose device pointer is a local already
         offsets, arena_bytes, arena_end = self.arena() if direct and WORKSPACE else ({}, 0, -1)
+        # Graph mode (module docs): every launch direct; launches deferred into one function of the stream.
+        graphs = (direct and GRAPHS and _graph_env is not None
+                  and all(op[4] is not None for op in self.ops if op[0] == _LAUNCH))
+        deferred: list[str] = []
+        key_names: list[str] = []
         arena_made = False
         for i, op in enumerate(self.ops):
             if op[0] == _ALLOC and op[1] in offsets:
@@ -182,6 +201,8 @@ class _Plan:
                         if slot not in pointers:
                             lines.append(f"    p{slot} = {names[slot]}.data_ptr()")
                             pointers.add(slot)
+                        if graphs and f"p{slot}" not in key_names:
+                            key_names.append(f"p{slot}")
                         args[pos] = f"p{slot}"
                     else:
                         args[pos] = names[slot]
@@ -197,7 +218,11 @@ class _Plan:
                     launcher, function, metadata, gx, gy, gz = op[4]
                     env[f"R{i}"], env[f"F{i}"], env[f"M{i}"] = launcher, function, metadata
                     # As CompiledKernel[grid](*args) calls it: no launch metadata, no hooks (they are idle).
-                    lines.append(f"    R{i}({gx}, {gy}, {gz}, st, F{i}, M{i}, None, None, None, {', '.join(args)})")
+                    call = f"R{i}({gx}, {gy}, {gz}, st, F{i}, M{i}, None, None, None, {', '.join(args)})"
+                    if graphs:
+                        deferred.append(call)
+                    else:
+                        lines.append(f"    {call}")
                 else:
                     env[f"L{i}"] = op[1]
                     lines.append(f"    L{i}({', '.join(args)})")
@@ -209,6 +234,16 @@ class _Plan:
                 lines.append(f"    {names[op[1]]} = {names[op[2]]}.as_strided({op[3]!r}, {op[4]!r})")
             else:
                 lines.append(f"    {names[op[1]]} = None")
+        if graphs:
+            env["_graphs"], env["_seen"], env["_graph_miss"] = {}, {}, _graph_miss
+            lines += [f"    key = ({''.join(k + ', ' for k in key_names)})",
+                      "    g = _graphs.get(key)",
+                      "    if g is not None:",
+                      "        g.replay()",
+                      "    else:",
+                      "        def launches(st):",
+                      *(f"            {c}" for c in deferred),
+                      "        _graph_miss(_graphs, _seen, key, launches, st)"]
         lines.append(f"    return ({''.join(('None' if s < 0 else names[s]) + ', ' for s in self.outs)})")
         exec(compile("\n".join(lines), "<launch plan>", "exec"), env)  # noqa: S102 (our own generated source)
         return env["run"]
@@ -295,6 +330,38 @@ def use_direct(stream: Callable[[], int], idle: Callable[[], bool]) -> None:
     stream's handle, ``idle()`` whether Triton's launch hooks are all empty."""
     global _direct_env
     _direct_env = (stream, idle)
+
+
+def use_graphs(capture: Callable[[Callable[[int], None]], Any], capturing: Callable[[], bool]) -> None:
+    """Let plans recorded from now on with ``GRAPHS`` replay their launches as CUDA graphs (module docs):
+    ``capture(launches)`` returns a graph of ``launches(stream)`` (captured, not run), ``capturing()`` whether the
+    current stream is being captured (then a pass launches as usual, into that capture)."""
+    global _graph_env
+    _graph_env = (capture, capturing)
+
+
+def _graph_miss(graphs: dict, seen: dict, key: tuple, launches: Callable[[int], None], stream: int) -> None:
+    """A graph-mode pass whose pointers have no graph: launch, or capture and replay the second time ``key`` is
+    seen."""
+    capture, capturing = _graph_env  # type: ignore[misc]
+    n = seen.get(key, 0) + 1
+    if n < 2 or capturing():
+        if len(seen) >= 4 * _MAX_GRAPHS:  # keys seen once: bounded
+            seen.clear()
+        seen[key] = n
+        launches(stream)
+        return
+    seen.pop(key, None)
+    try:
+        g = capture(launches)
+    except Exception:  # noqa: BLE001 - a capture the driver refuses: launch as usual, never capture this key
+        seen[key] = -(1 << 30)
+        launches(stream)
+        return
+    if len(graphs) >= _MAX_GRAPHS:
+        graphs.pop(next(iter(graphs)))  # the oldest
+    graphs[key] = g
+    g.replay()
 
 
 def recording() -> Optional[_Recorder]:

@@ -941,6 +941,30 @@ if _FAST_LAUNCH and hasattr(triton, "knobs"):
     _plan.use_direct(_current_stream, _launch_hooks_idle)
 
 
+def _capture_graph(launches) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of ``launches(stream)``, captured (not run) on a side stream that waits for the current one;
+    the current stream waits for the side stream after (launch_plan's graph mode)."""
+    graph = torch.cuda.CUDAGraph()
+    cur = torch.cuda.current_stream()
+    side = _side_streams.get(cur.device)
+    if side is None:
+        side = _side_streams[cur.device] = torch.cuda.Stream(cur.device)
+    side.wait_stream(cur)
+    with torch.cuda.stream(side):
+        graph.capture_begin(capture_error_mode="thread_local")  # other threads' CUDA calls go on meanwhile
+        try:
+            launches(side.cuda_stream)
+        finally:
+            graph.capture_end()
+    cur.wait_stream(side)
+    return graph
+
+
+_side_streams: dict = {}
+if _FAST_LAUNCH and hasattr(triton, "knobs") and torch.cuda.is_available():
+    _plan.use_graphs(_capture_graph, torch.cuda.is_current_stream_capturing)
+
+
 class _Traced(threading.local):
     on = False  # a class default: every thread starts untraced without a getattr default per launch
 
@@ -1023,7 +1047,7 @@ def _record(rec: "_plan._Recorder", kernel: Any, grid: tuple[int, ...], args: tu
 def tuning_state() -> tuple:
     """Everything in the tuning tables and launch-path switches that a pass's launches read: part of the key of
     its launch plan (launch_plan.py), so that changing a table never replays launches made under another."""
-    return (tuple(TUNING.items()), _FAST_LAUNCH, _plan.DIRECT, _plan.WORKSPACE)
+    return (tuple(TUNING.items()), _FAST_LAUNCH, _plan.DIRECT, _plan.WORKSPACE, _plan.GRAPHS)
 
 
 @functools.cache  # called on every launch; a handful of (C, cap) pairs per model
