@@ -38,7 +38,7 @@ if [[ -n "${TCACHE:-}" ]]; then
   # On the device machine ($OUT set) the parts are also copied there: files of their own, as the return needs.
   trap 'bash scripts/triton_cache.sh pack "$out" && if [[ -n "${OUT:-}" ]]; then cp "$out"/triton_cache.tgz.part* "$OUT"/; fi' EXIT
 fi
-more="synthesising or wgrad_rows or compile_fullgraph or one_launch or ttir or small_maps or launch_plan or replay"
+more="synthesising or wgrad_rows or compile_fullgraph or one_launch or ttir or small_maps or launch_plan or replay or graph_mode or compiled_static"
 if [[ "$what" == *warm* ]]; then
   # Compile the layer's kernel specialisations for the steps below in parallel processes (warm_kernels.py): one
   # process compiling them one after another spent the steps' time limits (session 22). In the background, beside
@@ -94,8 +94,9 @@ fi
 # time, step time, memory: about 3 minutes), the compiled
 # WTConvNeXt step kernel by kernel (layout copies or clones around the fused op would show here), then with CUDA
 # graphs; and the host time per eager layer call (its compiled rows build four graphs: about 3 minutes).
-if [[ "$what" == *compiled* ]]; then
-  step 330 compile.txt "$py" benchmarks/bench_compile.py --timeout 200 --out "$out/compile.json"
+if [[ "$what" == *compiled* ]]; then  # COMPILE_TIMEOUT: seconds per case (a cold WTConvNeXt-T took > 340 s, session 29)
+  ct=${COMPILE_TIMEOUT:-200}
+  step $((2 * ct + 60)) compile.txt "$py" benchmarks/bench_compile.py --timeout "$ct" --out "$out/compile.json"
 fi
 if [[ "$what" == *pmodel* ]]; then
   step 200 profile_model.txt "$py" benchmarks/profile_model.py --compile
