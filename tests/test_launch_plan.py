@@ -234,6 +234,8 @@ def test_graph_mode_replays_a_captured_graph_per_pointer_set(monkeypatch):
     assert replay(x3, w)[0] == ("capture",)  # a third graph: the oldest (x's) is dropped
     assert replay(x, w) == direct
     assert replay(x2, w) == replayed
+    capturing[0] = True
+    assert replay(x2, w) == direct  # a graph for these pointers, but the stream is being captured
 
 
 def test_direct_replay_puts_intermediates_in_one_workspace(monkeypatch):

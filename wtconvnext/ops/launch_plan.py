@@ -36,9 +36,10 @@ or ``GRAPHS = True`` (read when a plan is recorded; part of a plan's key). A dir
 direct makes its allocations and reads its pointers as before, then, instead of its launches, replays a CUDA graph
 of them keyed by those pointers: a training loop's caching allocator hands a layer the same addresses every step, so
 from the second step on a pass is one graph launch instead of 2-12 kernel launches. A key's graph is captured the
-second time the key is seen (one-off keys cost no capture), at most ``_MAX_GRAPHS`` per plan (oldest dropped); never
-while the current stream is itself being captured. Launches deferred to the end of the pass keep their order, so a
-buffer freed mid-pass and handed to a later allocation of the pass is reused in stream order, as before.
+second time the key is seen (one-off keys cost no capture), at most ``_MAX_GRAPHS`` per plan (oldest dropped).
+While the current stream is itself being captured, nothing is captured or replayed: the launches join that capture.
+Launches deferred to the end of the pass keep their order, so a buffer freed mid-pass and handed to a later
+allocation of the pass is reused in stream order, as before.
 """
 
 from __future__ import annotations
@@ -236,9 +237,10 @@ class _Plan:
                 lines.append(f"    {names[op[1]]} = None")
         if graphs:
             env["_graphs"], env["_seen"], env["_graph_miss"] = {}, {}, _graph_miss
+            env["_capturing"] = _graph_env[1]  # type: ignore[index]
             lines += [f"    key = ({''.join(k + ', ' for k in key_names)})",
                       "    g = _graphs.get(key)",
-                      "    if g is not None:",
+                      "    if g is not None and not _capturing():  # inside another capture: the launches join it",
                       "        g.replay()",
                       "    else:",
                       "        def launches(st):",
