@@ -47,8 +47,12 @@ def _flags() -> tuple[bool, ...]:
     return tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT, launch_plan.WORKSPACE, launch_plan.GRAPHS
 
 
+def _set_flags(flags: tuple[bool, ...]) -> None:
+    tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT, launch_plan.WORKSPACE, launch_plan.GRAPHS = flags
+
+
 def set_mode(mode: str) -> None:
-    tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT, launch_plan.WORKSPACE, launch_plan.GRAPHS = MODES[mode]
+    _set_flags(MODES[mode])
 
 
 def default_mode() -> str:
@@ -148,7 +152,7 @@ def main(argv=None) -> int:
                     print(f"backward on the calling thread: ours {wall_us(wt, args.iters):.1f} us, "
                           f"dw7 {wall_us(dw7, args.iters):.1f} us per f+b (table: on autograd's device thread)")
         finally:
-            tk._FAST_LAUNCH, launch_plan.ENABLED, launch_plan.DIRECT, launch_plan.WORKSPACE, launch_plan.GRAPHS = defaults
+            _set_flags(defaults)
         med = {k: statistics.median(v) if v else None for k, v in times.items()}
         rows.append(dict(C=c, H=h, W=w, levels=levels, dtype="bf16", B=1, iters=args.iters, rounds=args.rounds,
                          triton_us=med["triton"], kept_us=med["kept"], planned_us=med["planned"],

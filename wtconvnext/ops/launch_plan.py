@@ -177,7 +177,6 @@ class _Plan:
         graphs = (direct and GRAPHS and _graph_env is not None
                   and all(op[4] is not None for op in self.ops if op[0] == _LAUNCH))
         deferred: list[str] = []
-        key_names: list[str] = []
         arena_made = False
         for i, op in enumerate(self.ops):
             if op[0] == _ALLOC and op[1] in offsets:
@@ -202,8 +201,6 @@ class _Plan:
                         if slot not in pointers:
                             lines.append(f"    p{slot} = {names[slot]}.data_ptr()")
                             pointers.add(slot)
-                        if graphs and f"p{slot}" not in key_names:
-                            key_names.append(f"p{slot}")
                         args[pos] = f"p{slot}"
                     else:
                         args[pos] = names[slot]
@@ -238,7 +235,9 @@ class _Plan:
         if graphs:
             env["_graphs"], env["_seen"], env["_graph_miss"] = {}, {}, _graph_miss
             env["_capturing"] = _graph_env[1]  # type: ignore[index]
-            lines += [f"    key = ({''.join(k + ', ' for k in key_names)})",
+            # The key: every pointer the launches take (the workspace's buffers by its own pointer).
+            key = (["pa"] if arena_made else []) + [f"p{s}" for s in sorted(pointers) if s not in offsets]
+            lines += [f"    key = ({''.join(k + ', ' for k in key)})",
                       "    g = _graphs.get(key)",
                       "    if g is not None and not _capturing():  # inside another capture: the launches join it",
                       "        g.replay()",

@@ -940,6 +940,8 @@ if _FAST_LAUNCH and hasattr(triton, "knobs"):
     # metadata, enter / exit hooks, then the kernel's arguments).
     _plan.use_direct(_current_stream, _launch_hooks_idle)
 
+_side_streams: dict = {}  # per device: where launch plans' graphs are captured
+
 
 def _capture_graph(launches) -> "torch.cuda.CUDAGraph":
     """A CUDA graph of ``launches(stream)``, captured (not run) on a side stream that waits for the current one;
@@ -960,8 +962,7 @@ def _capture_graph(launches) -> "torch.cuda.CUDAGraph":
     return graph
 
 
-_side_streams: dict = {}
-if _FAST_LAUNCH and hasattr(triton, "knobs") and torch.cuda.is_available():
+if _FAST_LAUNCH and hasattr(triton, "knobs") and torch.cuda.is_available():  # as use_direct above, on a GPU
     _plan.use_graphs(_capture_graph, torch.cuda.is_current_stream_capturing)
 
 
