@@ -4,7 +4,7 @@ Each case runs in a fresh process with empty Inductor and Triton caches, so its 
 (dynamo, AOTAutograd, Inductor, Triton), as a user's first run does. Then milliseconds per step (median of
 CUDA-event-timed steps) and peak memory, as ``bench_model.py`` measures them.
 
-    python benchmarks/bench_compile.py [--models convnext_tiny wtconvnext_tiny] [--opaque] [--batch 128]
+    python benchmarks/bench_compile.py [--models convnext_tiny wtconvnext_tiny] [--traced] [--batch 128]
                                        [--out results/compile.json]
 
 ``--stacks S``: every S seconds each case's process writes every thread's Python stack to
@@ -12,8 +12,8 @@ CUDA-event-timed steps) and peak memory, as ``bench_model.py`` measures them.
 A diagnostic only: faulthandler reads the other threads' frames while they run, and on the H200 (session 29) the
 case died during its third dump; the rows of such a run are not timings.
 
-``--opaque`` adds a WTConvNeXt row compiled on the opaque custom op (WTCONVNEXT_TRITON_OP=0) instead of the traced
-``triton_op`` path. ``--tuning KEY=V ...`` adds WTConvNeXt rows whose kernels take other TUNING entries (one row per
+``--traced`` adds a WTConvNeXt row compiled on the opt-in ``triton_op`` path (WTCONVNEXT_TRITON_OP=1) instead of
+the default opaque custom op. ``--tuning KEY=V ...`` adds WTConvNeXt rows whose kernels take other TUNING entries (one row per
 argument, e.g. ``wgrad_pair=0`` or ``wgrad_pair=0,wgrad_unroll=0``): variants that compile faster, side by side. Rows also give the compile phases torch records (AOTAutograd trace, Inductor lowering,
 waiting on Triton compiles) and, for WTConvNeXt, how often the memo of ``wtconvnext/ops/ttir_memo.py`` answered.
 """
@@ -59,7 +59,7 @@ def _case(name: str, batch: int) -> dict:
             phases[parts[0]] = float(parts[1])
     row = dict(model=name, batch=batch, first_step_s=first_s, ms=ms, img_s=batch / ms * 1000, peak_gb=peak,
                graphs=counters["stats"].get("unique_graphs", 0), graph_breaks=sum(counters["graph_break"].values()),
-               phases_s=phases, traced=os.environ.get("WTCONVNEXT_TRITON_OP", "1") != "0")
+               phases_s=phases, traced=os.environ.get("WTCONVNEXT_TRITON_OP", "0") == "1")
     if name.startswith("wtconvnext"):
         import torch._higher_order_ops.triton_kernel_wrap as tkw
 
@@ -78,14 +78,13 @@ def _tuning(spec: str) -> dict[str, int]:
         raise SystemExit(f"--tuning: expected KEY=INT[,KEY=INT...], got {spec!r}") from None
 
 
-def _spawn(name: str, batch: int, opaque: bool, timeout: int, tuning: str = "", stacks: int = 0,
+def _spawn(name: str, batch: int, traced: bool, timeout: int, tuning: str = "", stacks: int = 0,
            stacks_file: Optional[Path] = None) -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(), TRITON_CACHE_DIR=tempfile.mkdtemp(),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     if stacks and stacks_file is not None:
         env["BENCH_COMPILE_STACKS"] = f"{stacks}:{stacks_file}"
-    if opaque:
-        env["WTCONVNEXT_TRITON_OP"] = "0"
+    env["WTCONVNEXT_TRITON_OP"] = "1" if traced else "0"
     if tuning:
         path = Path(tempfile.mkdtemp()) / "tuning.json"
         path.write_text(json.dumps(_tuning(tuning)))
@@ -94,18 +93,18 @@ def _spawn(name: str, batch: int, opaque: bool, timeout: int, tuning: str = "", 
         proc = subprocess.run([sys.executable, __file__, "--child", name, "--batch", str(batch)], env=env,
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return dict(model=name, batch=batch, traced=not opaque, tuning=tuning,
+        return dict(model=name, batch=batch, traced=traced, tuning=tuning,
                     error=f"no first step within {timeout} s")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
     if proc.returncode != 0 or not lines:
-        return dict(model=name, batch=batch, traced=not opaque, tuning=tuning, error=proc.stderr.strip()[-600:])
+        return dict(model=name, batch=batch, traced=traced, tuning=tuning, error=proc.stderr.strip()[-600:])
     return dict(json.loads(lines[-1][4:]), tuning=tuning)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=["convnext_tiny", "wtconvnext_tiny"])
-    ap.add_argument("--opaque", action="store_true", help="also WTConvNeXt on the opaque custom op")
+    ap.add_argument("--traced", action="store_true", help="also WTConvNeXt on the opt-in triton_op path")
     ap.add_argument("--tuning", nargs="*", default=[], metavar="KEY=V[,KEY=V]",
                     help="also WTConvNeXt rows with these TUNING entries, one row each")
     ap.add_argument("--batch", type=int, default=128)
@@ -134,20 +133,20 @@ def main(argv=None) -> int:
     for spec in args.tuning:
         _tuning(spec)  # a malformed entry fails before any case runs
     cases = [(m, False, "") for m in args.models]
-    if args.opaque:
+    if args.traced:
         cases += [(m, True, "") for m in args.models if m.startswith("wtconvnext")]
     cases += [(m, False, t) for t in args.tuning for m in args.models if m.startswith("wtconvnext")]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     rows = []
-    for name, opaque, tuning in cases:
-        tag = name + ("_opaque" if opaque else "") + (f"_{tuning.replace(',', '_')}" if tuning else "")
+    for name, traced, tuning in cases:
+        tag = name + ("_traced" if traced else "") + (f"_{tuning.replace(',', '_')}" if tuning else "")
         stacks_file = Path(args.out).with_suffix(f".{tag}.stacks.txt")
-        rows.append(_spawn(name, args.batch, opaque, args.timeout, tuning, args.stacks, stacks_file))
+        rows.append(_spawn(name, args.batch, traced, args.timeout, tuning, args.stacks, stacks_file))
         print("  ", rows[-1], flush=True)
     base = next((r for r in rows if r["model"].startswith("convnext") and "error" not in r), None)
     lines = []
     for r in rows:
-        label = r["model"] + ("" if r.get("traced", True) else " (opaque op)")
+        label = r["model"] + (" (triton_op)" if r.get("traced", False) else "")
         label += f" {r['tuning']}" if r.get("tuning") else ""
         if "error" in r:
             lines.append(f"{label:<44} error: {r['error'][:200]}")

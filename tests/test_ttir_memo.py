@@ -63,7 +63,7 @@ def _trace_checks() -> dict:
     from wtconvnext.layers import WTConv2d
     from wtconvnext.ops import ttir_memo, wtconv_triton
 
-    assert wtconv_triton.TRITON_OP, "torch.library.triton_op is unavailable"
+    assert wtconv_triton.TRITON_OP_AVAILABLE, "torch.library.triton_op is unavailable"
     names = ttir_memo.install()
     layer = WTConv2d(64, 64, kernel_size=5, wt_levels=3)
 

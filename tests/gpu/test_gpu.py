@@ -178,6 +178,8 @@ def test_wtconvnext_tiny_compile_fullgraph_equals_eager():
     """The compiled model runs the fused kernels (not the reference's convolutions) with the eager results."""
     from torch._inductor.utils import run_and_get_code
 
+    from wtconvnext.ops import wtconv_triton
+
     torch.manual_seed(0)
     model = timm.create_model("wtconvnext_tiny", num_classes=10).cuda()
     x = torch.randn(8, 3, 224, 224, device="cuda")
@@ -192,7 +194,12 @@ def test_wtconvnext_tiny_compile_fullgraph_equals_eager():
 
     (y_comp, g_comp), codes = run_and_get_code(run)
     code = "\n".join(codes)
-    assert "_conv_kernel" in code and "_wgrad_" in code  # the fused WTConv, forward and backward
+    # The fused WTConv, forward and backward: the opaque ops by default, the kernels themselves on the opt-in
+    # triton_op path.
+    if wtconv_triton.TRITON_OP:
+        assert "_conv_kernel" in code and "_wgrad_" in code
+    else:
+        assert "torch.ops.wtconvnext.wtconv2d.default" in code and "wtconv2d_backward" in code
     assert "transposed=True" not in code  # no reference synthesis (transposed convolutions) in the graph
     assert _rel(y_comp, y_eager) < 1e-4
     for a, b in zip(g_comp, g_eager):
@@ -248,12 +255,15 @@ def _grads_of(fn, layer, x):
 
 
 def test_compiled_static_shapes_launch_kernels_from_inductor_code():
-    """Static sizes: the triton_op path, whose kernels Inductor's own code launches (no custom-op call), with the
-    eager results."""
+    """Static sizes on the opt-in triton_op path (WTCONVNEXT_TRITON_OP=1): Inductor's own code launches the kernels
+    (no custom-op call), with the eager results. (Session 30 on the H200 saw this path's compiled results differ
+    from eager: hence opt-in; this test is the check of any fix.)"""
     from torch._inductor.utils import run_and_get_code
 
-    from wtconvnext.ops.wtconv_triton import traced_op_applies
+    from wtconvnext.ops.wtconv_triton import TRITON_OP, traced_op_applies
 
+    if not TRITON_OP:
+        pytest.skip("the triton_op path is opt-in: WTCONVNEXT_TRITON_OP=1")
     layer, x = _layer_and_input()
     assert traced_op_applies(x)
     eager = _grads_of(layer, layer, x)
@@ -278,15 +288,17 @@ def test_compiled_dynamic_shapes_keep_the_custom_op():
     counter = CompileCounter()
     torch._dynamo.reset()
     compiled = torch.compile(layer, fullgraph=True, dynamic=True, backend=counter)
-    for b, h, w in ((2, 29, 31), (3, 40, 24), (1, 17, 56)):
+    for b, h, w in ((2, 29, 31), (3, 40, 24), (5, 17, 56)):  # (a batch of 1 would be specialised)
         x = torch.randn(b, 96, h, w, device="cuda").contiguous(memory_format=torch.channels_last)
         for a, b_ in zip(_grads_of(compiled, layer, x), _grads_of(layer, layer, x)):
             assert _rel(a, b_) < 1e-6
     assert counter.frame_count == 1
 
 
-def test_compiled_cuda_graphs_capture_the_traced_op():
-    """mode='reduce-overhead': CUDA graphs capture forward and backward (no skip), results as eager."""
+def test_compiled_cuda_graphs_capture_the_op():
+    """mode='reduce-overhead': CUDA graphs capture forward and backward (no skip), results as eager (bitwise on the
+    default opaque ops)."""
+    from wtconvnext.ops import wtconv_triton
     from torch._dynamo.utils import counters
 
     layer, x = _layer_and_input(dtype=torch.bfloat16)
@@ -299,5 +311,5 @@ def test_compiled_cuda_graphs_capture_the_traced_op():
         out = [t.clone() for t in _grads_of(compiled, layer, x)]
     assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
     for a, b_ in zip(out, eager):
-        assert _rel(a, b_) < 1e-2
+        assert _rel(a, b_) < 1e-2 if wtconv_triton.TRITON_OP else torch.equal(a, b_)
 
