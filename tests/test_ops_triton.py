@@ -658,3 +658,51 @@ def test_traced_op_hands_symbolic_sizes_to_the_opaque_op(backend):
         for a, e in zip((got, *grads), want):
             torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
     assert counter.frame_count == 1
+
+
+# Arguments each kernel writes (its stores), by name.
+_WRITTEN = {"_analysis_kernel": ("coef_ptr", "coef2_ptr"), "_small_kernel": ("coef_ptr", "filt_ptr", "y_ptr")}
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("small_max,levels", [(0, 2), (0, 6), (16, 2)], ids=["multi-launch", "six-levels", "small"])
+def test_traced_launch_never_passes_a_written_buffer_twice(small_max, levels, monkeypatch):
+    """A traced (triton_op) launch is a functional kernel call: every argument torch's analysis finds written is
+    copied, written and handed on. One buffer in two such arguments (the analysis kernel's second map, the small
+    pass's two level buffers as one allocation) thus splits into two copies, one never written: the compiled
+    layer's results were garbage on the H200 (session 30). The traced bodies' launches, recorded here without
+    running, give each written argument a buffer of its own."""
+    import torch.library
+
+    from wtconvnext.ops import triton_kernels as tk
+    from wtconvnext.ops import wtconv_triton
+
+    launches = []
+
+    class _Recorder:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((self.fn, args))
+
+    monkeypatch.setattr(torch.library, "wrap_triton", _Recorder, raising=False)
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max})
+    c, k = 4, 3
+    params = _params(c, k, levels, True, torch.float32)
+    x = torch.randn(2, c, 13, 11, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    dy = torch.randn_like(x)
+    with tk.traced_launches():
+        wtconv_triton._forward_impl(x, *params, 1)
+        wtconv_triton._refolded_backward(dy, x, *params, 1)
+    seen = set()
+    for fn, args in launches:
+        name = fn.__name__
+        seen.add(name)
+        named = dict(zip(fn.arg_names, args))
+        for w in _WRITTEN.get(name, ()):
+            # (Reading a written buffer is fine: a launch reads only what earlier launches wrote.)
+            others = [n for n in _WRITTEN[name] if n != w
+                      and named[n].untyped_storage().data_ptr() == named[w].untyped_storage().data_ptr()]
+            assert not others, f"{name}: {w} shares its buffer with {others}"
+    assert seen & set(_WRITTEN), seen  # the checked kernels ran

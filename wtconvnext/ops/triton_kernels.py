@@ -1139,13 +1139,18 @@ def _analyse(maps: tuple[Tensor, ...], levels: int) -> tuple[Tensor, ...]:
     sizes = level_sizes(h, w, levels)
     offs = _offsets(bsz, ch, h, w, levels)
     bufs = tuple(_plan.empty((offs[-1],), m.dtype, m.device) for m in maps)
+    # The second map's buffer, which only programs (., ., 1) write. With one map, eager launches pass the first
+    # buffer again; a traced launch must not: torch's analysis counts both pointers as written (the kernel picks one
+    # at run time), and a functional kernel call then writes into one copy of the buffer and hands on the other,
+    # never written (session 30: the compiled layer's results were garbage). A one-element stand-in instead.
+    dst2 = bufs[-1] if len(maps) > 1 or not _TRACED.on else _plan.empty((1,), maps[0].dtype, maps[0].device)
     bc = _block_c(ch, TUNING["patch_bc"])
     srcs, src_off, pix = maps, 0, ch
     for first, nl in _chunks(levels):
         m, pw, patches = _patches(*sizes[first], nl, TUNING["patch_chunk"])
         _launch(
             _analysis_kernel, (bsz * patches, _cdiv(ch, bc), len(maps)),
-            (srcs[0], bufs[0], srcs[-1], bufs[-1], src_off, offs[first - 1], sizes[first - 1][0],
+            (srcs[0], bufs[0], srcs[-1], dst2, src_off, offs[first - 1], sizes[first - 1][0],
              sizes[first - 1][1], bsz, pw, patches),
             TUNING["patch_warps"], C=ch, SRC_PIX=pix, NL=nl, M=m, BC=bc, CHUNK=TUNING["patch_chunk"],
             COMPUTE=_compute_dtype(maps[0].dtype),
@@ -1276,6 +1281,8 @@ def _small_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor]
     given = coef is not None  # the input gradient: dy's coefficients, computed for the weight gradients
     if given:
         filt, filt_off = _plan.empty(coef.shape, coef.dtype, coef.device), 0
+    elif _TRACED.on:  # two buffers: one tensor in two written arguments breaks a traced launch (see _analyse)
+        coef, filt, filt_off = _plan.empty((n,), x.dtype, x.device), _plan.empty((n,), x.dtype, x.device), 0
     else:
         coef = filt = _plan.empty((2 * n,), x.dtype, x.device)
         filt_off = n
