@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The kernels' GPU checks, A/Bs and benchmarks (issue 14 on), step by step in device calls of at most 10 minutes.
 #   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [layer] [profile] [compiled] [pmodel]
-#                          [graphs] [host] [launch] [pair] [pgrad] [eager] [warm]
+#                          [graphs] [host] [launch] [pair] [pgrad] [eager] [warm] [parity]
 # TCACHE=DIR: Triton's compiled kernels are unpacked from DIR first and packed into OUTDIR last
 # (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles. The parts (binaries only,
 # 15 MiB each) must come back as files of their own: with $OUT set (the device machine) they are copied there, beside
@@ -127,6 +127,10 @@ if [[ "$what" == *pgrad* ]]; then
     step 90 "profile_${t:-default}.txt" "$py" benchmarks/profile_layer.py --shapes 0 1 2 3 --dtypes bf16 --cl \
       ${t:+--tuning ${t//,/ }}
   done
+fi
+# Does a compiled layer give eager's results, on each op path and compile mode (compiled_parity.py: about 3 minutes)?
+if [[ "$what" == *parity* ]]; then
+  step 330 parity.txt "$py" benchmarks/compiled_parity.py --out "$out/parity.json"
 fi
 # The current model table (issue 15), eager: AMP and fp32 training and inference against ConvNeXt-T.
 if [[ "$what" == *eager* ]]; then
