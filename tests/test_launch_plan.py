@@ -398,11 +398,14 @@ def test_graph_mode_is_bitwise_the_ordinary_path(small_max, monkeypatch):
     ordinary = _grads(x, params, dy)
     monkeypatch.setattr(launch_plan, "ENABLED", True)
     launch_plan.clear()
-    for _ in range(5):  # recorded, replayed (pointers seen), captured and replayed, then replays of the graph
+    for _ in range(8):  # recorded, replayed (pointers seen), captured and replayed, then replays of the graph
         got = _grads(x, params, dy)  # each call's tensors freed before the next: the allocator repeats addresses
         for a, b in zip(got, ordinary):
             assert torch.equal(a, b)
-        del got
+        # (The loop's names too: a tensor of this call held into the next moves that call's addresses. Session 30
+        # on the H200: with five calls and `a` held, the small-map case captured no backward graph; this form is
+        # not yet GPU-run.)
+        del got, a, b
     graphs = [p._run.__globals__.get("_graphs") for p in launch_plan._PLANS.values() if p is not None]
     assert len(graphs) == 2 and all(gr for gr in graphs), graphs  # the forward's and the backward's
 
