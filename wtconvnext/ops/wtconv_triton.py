@@ -236,7 +236,8 @@ if TRITON_AVAILABLE:
     # (WTCONVNEXT_TRITON_OP=1, read at import): on the H200 (session 30, torch 2.11, triton 3.6) a compiled layer
     # on them gave results that differ from eager by 30-76 % (relative norm, fp32 and bf16, under Inductor and under
     # aot_eager, with or without ttir_memo), while the opaque ops gave eager's bits, with and without CUDA graphs.
-    # Registered either way (tests and benchmarks call them by name).
+    # The likely cause, one buffer in two written arguments of a launch (triton_kernels._analyse), is mended but not
+    # yet checked on a GPU (benchmarks/compiled_parity.py). Registered either way (tests and benchmarks call them).
     TRITON_OP_AVAILABLE = hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
     TRITON_OP = TRITON_OP_AVAILABLE and os.environ.get("WTCONVNEXT_TRITON_OP", "0") == "1"
     if TRITON_OP_AVAILABLE:
