@@ -56,6 +56,7 @@ if [[ "$what" == *tests* ]]; then
   sel="${TESTS_K:-past_2_pow_31 or amp_training or golden or dtypes or low_precision or deterministic or fast_launch or $more}"
   LIMIT=${TESTS_LIMIT:-420} bash scripts/gpu_tests.sh "$out" "${TESTS_WORKERS:-12}" -k "$sel" > /dev/null || rc=1
   tail -15 "$out/gpu_tests.log"
+  grep -E "(FAILED|ERROR) tests/" "$out/gpu_tests.log" | sed "s/^.*\] //" | sort -u | head -30
 fi
 if [[ -n "${warm_pid:-}" ]]; then
   wait "$warm_pid" || rc=1

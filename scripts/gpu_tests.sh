@@ -29,6 +29,12 @@ if "$py" -c "import xdist" 2>/dev/null; then
 else
   echo "gpu_tests.sh: no pytest-xdist, one process" | tee "$out/gpu_tests.log"
 fi
-timeout "${LIMIT:-540}" "$py" -m pytest -q -rf --tb=short ${par[@]+"${par[@]}"} tests/test_ops_triton.py tests/test_launch_plan.py tests/gpu \
-  tests/test_ttir_memo.py "$@" 2>&1 | tee -a "$out/gpu_tests.log"
+# Each test's outcome on a line of its own as it ends (-v), and a per-test limit (pytest-timeout, where installed)
+# below LIMIT, so that a cut run still names what passed and failed (session 30 lost three runs' failures).
+per=()
+if "$py" -c "import pytest_timeout" 2>/dev/null; then
+  per=(--timeout "${TEST_TIMEOUT:-150}")
+fi
+timeout "${LIMIT:-540}" "$py" -m pytest -v -rfE --tb=short ${par[@]+"${par[@]}"} ${per[@]+"${per[@]}"} tests/test_ops_triton.py \
+  tests/test_launch_plan.py tests/gpu tests/test_ttir_memo.py "$@" 2>&1 | tee -a "$out/gpu_tests.log"
 exit "${PIPESTATUS[0]}"
