@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The kernels' GPU checks, A/Bs and benchmarks (issue 14 on), step by step in device calls of at most 10 minutes.
 #   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [layer] [profile] [compiled] [pmodel]
-#                          [graphs] [host] [launch] [pair] [pgrad] [eager] [warm] [parity]
+#                          [graphs] [host] [launch] [pair] [pgrad] [eager] [warm] [parity] [patch] [cmodel]
+#                          [sizes] [dense] [trainbench]
 # TCACHE=DIR: Triton's compiled kernels are unpacked from DIR first and packed into OUTDIR last
 # (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles. The parts (binaries only,
 # 15 MiB each) must come back as files of their own: with $OUT set (the device machine) they are copied there, beside
@@ -132,6 +133,36 @@ fi
 # Does a compiled layer give eager's results, on each op path and compile mode (compiled_parity.py: about 3 minutes)?
 if [[ "$what" == *parity* ]]; then
   step 330 parity.txt "$py" benchmarks/compiled_parity.py --out "$out/parity.json"
+fi
+# The patch kernels' launch shapes (analysis / synthesis: at 56 x 56 the analysis took 0.248 ms of 1.340, about 2x
+# its memory floor, session 29): CUDA time per kernel at stages 1-2 for each variant against the defaults, in one
+# call (PATCH_VARIANTS, as PGRAD_VARIANTS; the variants' kernels compiled first in parallel).
+if [[ "$what" == *patch* ]]; then
+  pv="${PATCH_VARIANTS:-patch_chunk=128 patch_chunk=256,patch_warps=8 patch_chunk=128,patch_warps=8 patch_bc=64 patch_bc=16 patch_warps=8 patch_warps=2}"
+  step 200 warm_patch.txt "$py" benchmarks/warm_kernels.py --jobs 14 --batches 128 --dtypes bf16 --modes train \
+    --stages 0 1 --variants $pv
+  for t in "" $pv; do
+    step 60 "profile_patch_${t:-default}.txt" "$py" benchmarks/profile_layer.py --shapes 0 1 --dtypes bf16 --cl \
+      ${t:+--tuning ${t//,/ }}
+  done
+fi
+# Issue 15's other rows: the compiled model without CUDA graphs and multi-scale compiled training (cmodel), the
+# bigger models eager (sizes), the eager table with dense prediction (dense), train.py as users run it
+# (trainbench). Each needs the machine to itself (compiles are CPU-bound; a row is the ratio of two models timed
+# one after the other).
+if [[ "$what" == *cmodel* ]]; then
+  step 480 model_compiled.txt "$py" benchmarks/bench_model.py --sizes tiny --compiled-only --compile-amp-only \
+    --multiscale --out "$out/model_compiled.json"
+fi
+if [[ "$what" == *sizes* ]]; then
+  step 400 model_sizes.txt "$py" benchmarks/bench_model.py --sizes small base --no-compile --out "$out/model_sizes.json"
+fi
+if [[ "$what" == *dense* ]]; then
+  step 420 model_dense.txt "$py" benchmarks/bench_model.py --sizes tiny --no-compile --dense \
+    --out "$out/model_dense.json"
+fi
+if [[ "$what" == *trainbench* ]]; then
+  step 420 train.txt "$py" benchmarks/bench_train.py --sizes tiny --out "$out/train.json"
 fi
 # The current model table (issue 15), eager: AMP and fp32 training and inference against ConvNeXt-T.
 if [[ "$what" == *eager* ]]; then
