@@ -451,9 +451,9 @@ def test_small_maps_one_launch_per_pass(shape, monkeypatch):
     assert weight_grads.count(walks[0]) == len(walks) and weight_grads[-1] == "_param_grads_kernel", names
 
 
-@pytest.mark.parametrize("tuning", [dict(), dict(syn1=0),
-                                    dict(small_bw=7, small_bc=16, small_chunk=4, syn1=0)],
-                         ids=["default", "no-syn1", "wide-strips"])
+# (syn1=0 at the default strips, a case of its own until session 31, is covered by wide-strips: 40 s of CI less.)
+@pytest.mark.parametrize("tuning", [dict(), dict(small_bw=7, small_bc=16, small_chunk=4, syn1=0)],
+                         ids=["default", "wide-strips"])
 def test_small_maps_bitwise_as_multi_launch(tuning, monkeypatch):
     """The one-launch pass runs the multi-launch path's device functions in the same order on the same buffers:
     bf16 outputs and gradients are bitwise those of the multi-launch kernels (channels split unevenly)."""
