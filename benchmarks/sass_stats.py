@@ -50,7 +50,7 @@ def _case(name: str, ch: int, dtype: str):
         from wtconvnext.ops import small_kernels as sk
 
         dx = name == "small_dx"
-        sig = dict(x_ptr=x, coef_ptr=x, filt_ptr=x, filt_off=i32, y_ptr=x, bw_ptr=f32, bb_ptr=f32, lw_ptr=f32, H=i32,
+        sig = dict(x_ptr=x, coef_ptr=x, filt_ptr=x, y_ptr=x, bw_ptr=f32, bb_ptr=f32, lw_ptr=f32, H=i32,
                    W=i32, B=i32)
         const = dict(C=ch, K=5, LEVELS=3, HM=16, WM=16, BW=tun["small_bw"], BC=tk._block_c(ch, tun["small_bc"]),
                      CHUNK=tun["small_chunk"], STRIDE=1, HAS_BIAS=not dx, FLIP=dx, HAS_COEF=dx, COMPUTE=fp,

@@ -86,7 +86,7 @@ def _small_cases():
     from wtconvnext.ops import small_kernels as sk
 
     bf16, f32, i32 = "*bf16", "*fp32", "i32"
-    ptrs = dict(x_ptr=bf16, coef_ptr=bf16, filt_ptr=bf16, filt_off=i32, y_ptr=bf16, bw_ptr=f32, bb_ptr=f32,
+    ptrs = dict(x_ptr=bf16, coef_ptr=bf16, filt_ptr=bf16, y_ptr=bf16, bw_ptr=f32, bb_ptr=f32,
                 lw_ptr=f32)
     for k, levels, hm, stride, fwd in ((5, 3, 16, 1, True), (5, 2, 8, 1, False), (3, 4, 16, 2, True),
                                        (7, 1, 4, 1, True), (5, 0, 8, 1, True)):

@@ -256,8 +256,7 @@ def test_traced_op_runs_the_same_kernels():
     """The triton_op pair that compiled code on a GPU uses, run eagerly: bitwise the result of the eager path."""
     from wtconvnext.ops import wtconv_triton
 
-    if not wtconv_triton.TRITON_OP_AVAILABLE:
-        pytest.skip("this torch has no torch.library.triton_op")
+    assert wtconv_triton.TRITON_OP_AVAILABLE, "torch >= 2.6 (pyproject) has torch.library.triton_op and wrap_triton"
     c, k, levels = 3, 5, 2
     params = _params(c, k, levels, True, torch.float32)
     x = torch.randn(2, c, 11, 7, device=DEVICE)
@@ -635,7 +634,8 @@ def _low_precision_check(shape, dtype):
 
 @pytest.mark.triton
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-@pytest.mark.skipif(DEVICE != "cuda", reason="a GPU test")  # (the aot_eager case passes on the CPU too, in 110 s: the interpreter; not worth CI's time)
+# (The aot_eager case passes on the CPU too, in 110 s under the interpreter: not worth CI's time.)
+@pytest.mark.skipif(DEVICE != "cuda", reason="a GPU test")
 def test_traced_op_hands_symbolic_sizes_to_the_opaque_op(backend):
     """Dynamo takes a SymInt for an int (so traced_op_applies passes it): the traced op's body gives dynamic sizes
     to the opaque op, whose fake kernel keeps them symbolic; one graph for two sizes, results as the reference."""
@@ -643,9 +643,8 @@ def test_traced_op_hands_symbolic_sizes_to_the_opaque_op(backend):
 
     from wtconvnext.ops import wtconv_triton
 
-    if not wtconv_triton.TRITON_OP_AVAILABLE:
-        pytest.skip("this torch has no torch.library.triton_op")
-    params = [p.requires_grad_() for p in _params(1, 3, 1, True, torch.float32)]  # small: the interpreter runs it
+    assert wtconv_triton.TRITON_OP_AVAILABLE, "torch >= 2.6 (pyproject) has torch.library.triton_op and wrap_triton"
+    params = [p.requires_grad_() for p in _params(1, 3, 1, True, torch.float32)]
     counter = CompileCounterWithBackend(backend)
     op = torch.compile(lambda x: torch.ops.wtconvnext.wtconv2d_traced(x, *params, 1), dynamic=True, fullgraph=True,
                        backend=counter)

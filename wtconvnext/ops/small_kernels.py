@@ -166,8 +166,7 @@ def _image_base_conv(x_ptr, coef_ptr, filt_ptr, y_ptr, bw_ptr, bb_ptr, H, W, B, 
 def _small_kernel(
     x_ptr,  # (B, H, W, C) channels-last
     coef_ptr,  # flat coefficient buffer, level i (B, h_i, w_i, 4, C) after level i - 1 (HAS_COEF: x's, given)
-    filt_ptr,  # a buffer of the coefficients' layout for the filtered subbands, from element filt_off
-    filt_off,
+    filt_ptr,  # a buffer of the coefficients' layout for the filtered subbands
     y_ptr,  # (B, ceil(H / STRIDE), ceil(W / STRIDE), C)
     bw_ptr,  # (K, K, C) folded base kernel
     bb_ptr,  # (C,) folded bias (HAS_BIAS)
@@ -181,14 +180,13 @@ def _small_kernel(
     channels ``program_id(1) * BC ...``; HM / WM: powers of two at least H / W (the analysis and synthesis tiles)."""
     b = tl.program_id(0).to(tl.int64)
     cb = tl.program_id(1)
-    filt = filt_ptr + tl.cast(filt_off, tl.int64)
     if LEVELS > 0:
         if not HAS_COEF:
             _image_analysis(x_ptr, coef_ptr, H, W, B, b, cb, C, LEVELS, HM, WM, BC, CHUNK, COMPUTE)
             tl.debug_barrier()
-        _image_level_convs(coef_ptr, filt, lw_ptr, H, W, B, b, cb, C, K, LEVELS, BW, BC, FLIP, COMPUTE)
+        _image_level_convs(coef_ptr, filt_ptr, lw_ptr, H, W, B, b, cb, C, K, LEVELS, BW, BC, FLIP, COMPUTE)
         tl.debug_barrier()
-        _image_synthesis(coef_ptr, filt, H, W, B, b, cb, C, LEVELS, HM, WM, BC, CHUNK, COMPUTE, SYN1)
+        _image_synthesis(coef_ptr, filt_ptr, H, W, B, b, cb, C, LEVELS, HM, WM, BC, CHUNK, COMPUTE, SYN1)
         tl.debug_barrier()
-    _image_base_conv(x_ptr, coef_ptr, filt, y_ptr, bw_ptr, bb_ptr, H, W, B, b, cb, C, K, LEVELS, BW, BC, STRIDE,
+    _image_base_conv(x_ptr, coef_ptr, filt_ptr, y_ptr, bw_ptr, bb_ptr, H, W, B, b, cb, C, K, LEVELS, BW, BC, STRIDE,
                      HAS_BIAS, FLIP, COMPUTE, SYN1)

@@ -1139,11 +1139,12 @@ def _analyse(maps: tuple[Tensor, ...], levels: int) -> tuple[Tensor, ...]:
     sizes = level_sizes(h, w, levels)
     offs = _offsets(bsz, ch, h, w, levels)
     bufs = tuple(_plan.empty((offs[-1],), m.dtype, m.device) for m in maps)
-    # The second map's buffer, which only programs (., ., 1) write. With one map, eager launches pass the first
-    # buffer again; a traced launch must not: torch's analysis counts both pointers as written (the kernel picks one
-    # at run time), and a functional kernel call then writes into one copy of the buffer and hands on the other,
-    # never written (session 30: the compiled layer's results were garbage). A one-element stand-in instead.
-    dst2 = bufs[-1] if len(maps) > 1 or not _TRACED.on else _plan.empty((1,), maps[0].dtype, maps[0].device)
+    # The second map's buffer, which only programs (., ., 1) write; with one map a one-element stand-in, never the
+    # first buffer again. Every written argument of a launch gets a buffer of its own: torch's analysis of a traced
+    # launch counts both pointers as written (the kernel picks one at run time), and a functional kernel call writes
+    # one copy of a shared buffer and hands on the other, never written (session 30: the compiled layer's results
+    # were garbage). (On the default path the stand-in sits in the pass's workspace: no allocation of its own.)
+    dst2 = bufs[-1] if len(maps) > 1 else _plan.empty((1,), maps[0].dtype, maps[0].device)
     bc = _block_c(ch, TUNING["patch_bc"])
     srcs, src_off, pix = maps, 0, ch
     for first, nl in _chunks(levels):
@@ -1273,23 +1274,20 @@ def small_applies(x: Tensor, levels: int) -> bool:
 
 def _small_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor], level_w: Tensor, stride: int,
                 flip: bool, coef: Optional[Tensor]) -> None:
-    """:func:`wtconv_forward` of a small map in one launch (``small_kernels``); its two level buffers are one
-    allocation unless x's coefficients are given."""
+    """:func:`wtconv_forward` of a small map in one launch (``small_kernels``), into two level buffers of its own
+    (one buffer in two written arguments breaks a traced launch, see :func:`_analyse`) unless x's coefficients are
+    given."""
     bsz, ch, h, w = x.shape
     levels, k = level_w.shape[0], base_w.shape[0]
     n = _offsets(bsz, ch, h, w, levels)[-1]
     given = coef is not None  # the input gradient: dy's coefficients, computed for the weight gradients
-    if given:
-        filt, filt_off = _plan.empty(coef.shape, coef.dtype, coef.device), 0
-    elif _TRACED.on:  # two buffers: one tensor in two written arguments breaks a traced launch (see _analyse)
-        coef, filt, filt_off = _plan.empty((n,), x.dtype, x.device), _plan.empty((n,), x.dtype, x.device), 0
-    else:
-        coef = filt = _plan.empty((2 * n,), x.dtype, x.device)
-        filt_off = n
+    if not given:
+        coef = _plan.empty((n,), x.dtype, x.device)
+    filt = _plan.empty(coef.shape, coef.dtype, coef.device)
     bc = _block_c(ch, TUNING["small_bc"])
     _launch(
         _small._small_kernel, (bsz, _cdiv(ch, bc)),
-        (x, coef, filt, filt_off, out, base_w, base_w if base_b is None else base_b, level_w, h, w, bsz),
+        (x, coef, filt, out, base_w, base_w if base_b is None else base_b, level_w, h, w, bsz),
         TUNING["small_warps"], C=ch, K=k, LEVELS=levels, HM=_pow2(h), WM=_pow2(w), BW=TUNING["small_bw"], BC=bc,
         CHUNK=TUNING["small_chunk"], STRIDE=stride, HAS_BIAS=base_b is not None, FLIP=flip,
         HAS_COEF=given, COMPUTE=_compute_dtype(x.dtype),
