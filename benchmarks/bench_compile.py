@@ -1,4 +1,4 @@
-"""Cold compile time and step time of compiled AMP training: ConvNeXt against WTConvNeXt, side by side.
+"""Cold compile time and step time of compiled (or ``--eager``) AMP training: ConvNeXt against WTConvNeXt.
 
 Each case runs in a fresh process with empty Inductor and Triton caches, so its first step pays the whole compile
 (dynamo, AOTAutograd, Inductor, Triton), as a user's first run does. Then milliseconds per step (median of
@@ -11,6 +11,10 @@ CUDA-event-timed steps) and peak memory, as ``bench_model.py`` measures them.
 ``<out>.<model>.stacks.txt`` (beside ``--out``), so a case cut by ``--timeout`` still shows where its compile was.
 A diagnostic only: faulthandler reads the other threads' frames while they run, and on the H200 (session 29) the
 case died during its third dump; the rows of such a run are not timings.
+
+``--eager``: no ``torch.compile``; the first step then pays only the Triton kernels' compiles, which
+``wtconvnext/ops/compile_ahead.py`` runs side by side in threads. ``--compile-threads N ...`` adds a WTConvNeXt row per
+value of ``WTCONVNEXT_COMPILE_THREADS`` (0: each kernel compiles at its first launch, in series).
 
 ``--traced`` adds a WTConvNeXt row compiled on the opt-in ``triton_op`` path (WTCONVNEXT_TRITON_OP=1) instead of
 the default opaque custom op. ``--tuning KEY=V ...`` adds WTConvNeXt rows whose kernels take other TUNING entries (one row per
@@ -41,8 +45,9 @@ def _case(name: str, batch: int) -> dict:
 
     import benchmarks.bench_model as bm
 
+    compiled = os.environ.get("BENCH_COMPILE_EAGER", "0") != "1"
     start = time.perf_counter()
-    step = bm._train_step(name, True, True, batch)
+    step = bm._train_step(name, True, compiled, batch)
     x = bm._input(batch, 224)
     step(x)
     torch.cuda.synchronize()
@@ -59,7 +64,8 @@ def _case(name: str, batch: int) -> dict:
             phases[parts[0]] = float(parts[1])
     row = dict(model=name, batch=batch, first_step_s=first_s, ms=ms, img_s=batch / ms * 1000, peak_gb=peak,
                graphs=counters["stats"].get("unique_graphs", 0), graph_breaks=sum(counters["graph_break"].values()),
-               phases_s=phases, traced=os.environ.get("WTCONVNEXT_TRITON_OP", "0") == "1")
+               phases_s=phases, traced=os.environ.get("WTCONVNEXT_TRITON_OP", "0") == "1", compiled=compiled,
+               compile_threads=os.environ.get("WTCONVNEXT_COMPILE_THREADS", ""))
     if name.startswith("wtconvnext"):
         import torch._higher_order_ops.triton_kernel_wrap as tkw
 
@@ -79,9 +85,12 @@ def _tuning(spec: str) -> dict[str, int]:
 
 
 def _spawn(name: str, batch: int, traced: bool, timeout: int, tuning: str = "", stacks: int = 0,
-           stacks_file: Optional[Path] = None) -> dict:
+           stacks_file: Optional[Path] = None, eager: bool = False, threads: Optional[int] = None) -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(), TRITON_CACHE_DIR=tempfile.mkdtemp(),
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               BENCH_COMPILE_EAGER="1" if eager else "0")
+    if threads is not None:
+        env["WTCONVNEXT_COMPILE_THREADS"] = str(threads)
     if stacks and stacks_file is not None:
         env["BENCH_COMPILE_STACKS"] = f"{stacks}:{stacks_file}"
     env["WTCONVNEXT_TRITON_OP"] = "1" if traced else "0"
@@ -107,6 +116,9 @@ def main(argv=None) -> int:
     ap.add_argument("--traced", action="store_true", help="also WTConvNeXt on the opt-in triton_op path")
     ap.add_argument("--tuning", nargs="*", default=[], metavar="KEY=V[,KEY=V]",
                     help="also WTConvNeXt rows with these TUNING entries, one row each")
+    ap.add_argument("--eager", action="store_true", help="eager training (the kernels' compiles only)")
+    ap.add_argument("--compile-threads", nargs="*", type=int, default=[], metavar="N",
+                    help="also WTConvNeXt rows with WTCONVNEXT_COMPILE_THREADS=N, one row each")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--timeout", type=int, default=400, help="seconds per case")
     ap.add_argument("--out", default="results/compile.json")
@@ -132,22 +144,27 @@ def main(argv=None) -> int:
 
     for spec in args.tuning:
         _tuning(spec)  # a malformed entry fails before any case runs
-    cases = [(m, False, "") for m in args.models]
+    wt = [m for m in args.models if m.startswith("wtconvnext")]
+    cases = [(m, False, "", None) for m in args.models]
     if args.traced:
-        cases += [(m, True, "") for m in args.models if m.startswith("wtconvnext")]
-    cases += [(m, False, t) for t in args.tuning for m in args.models if m.startswith("wtconvnext")]
+        cases += [(m, True, "", None) for m in wt]
+    cases += [(m, False, t, None) for t in args.tuning for m in wt]
+    cases += [(m, False, "", n) for n in args.compile_threads for m in wt]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     rows = []
-    for name, traced, tuning in cases:
+    for name, traced, tuning, threads in cases:
         tag = name + ("_traced" if traced else "") + (f"_{tuning.replace(',', '_')}" if tuning else "")
+        tag += "" if threads is None else f"_threads{threads}"
         stacks_file = Path(args.out).with_suffix(f".{tag}.stacks.txt")
-        rows.append(_spawn(name, args.batch, traced, args.timeout, tuning, args.stacks, stacks_file))
+        rows.append(_spawn(name, args.batch, traced, args.timeout, tuning, args.stacks, stacks_file, args.eager,
+                           threads))
         print("  ", rows[-1], flush=True)
     base = next((r for r in rows if r["model"].startswith("convnext") and "error" not in r), None)
     lines = []
     for r in rows:
         label = r["model"] + (" (triton_op)" if r.get("traced", False) else "")
         label += f" {r['tuning']}" if r.get("tuning") else ""
+        label += f" threads={r['compile_threads']}" if r.get("compile_threads") else ""
         if "error" in r:
             lines.append(f"{label:<44} error: {r['error'][:200]}")
             continue
@@ -155,7 +172,7 @@ def main(argv=None) -> int:
         p = r["phases_s"]
         lines.append(f"{label:<44} {r['first_step_s']:8.1f} {r['ms']:8.2f} {ratio:>7} {r['peak_gb']:7.2f} "
                      + " ".join(f"{p.get(k, 0):7.1f}" for k in PHASES))
-    header = (f"{'AMP train, compiled, B=' + str(args.batch):<44} {'1st s':>8} {'ms/step':>8} {'img/s x':>7} "
+    header = (f"{'AMP train, ' + ('eager' if args.eager else 'compiled') + ', B=' + str(args.batch):<44} {'1st s':>8} {'ms/step':>8} {'img/s x':>7} "
               f"{'peak GB':>7} " + " ".join(f"{k.split('.')[0][:7]:>7}" for k in PHASES))
     report(args.out, gpu_env(), header, lines, rows,
            note="1st s: the first step, cold caches (compile included); img/s x: against the ConvNeXt row")

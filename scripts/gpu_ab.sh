@@ -2,7 +2,7 @@
 # The kernels' GPU checks, A/Bs and benchmarks (issue 14 on), step by step in device calls of at most 10 minutes.
 #   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [layer] [profile] [compiled] [pmodel]
 #                          [graphs] [host] [launch] [pair] [pgrad] [eager] [warm] [parity] [patch] [cmodel]
-#                          [sizes] [dense] [trainbench]
+#                          [sizes] [dense] [trainbench] [cold]
 # TCACHE=DIR: Triton's compiled kernels are unpacked from DIR first and packed into OUTDIR last
 # (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles. The parts (binaries only,
 # 15 MiB each) must come back as files of their own: with $OUT set (the device machine) they are copied there, beside
@@ -160,6 +160,12 @@ fi
 if [[ "$what" == *dense* ]]; then
   step 420 model_dense.txt "$py" benchmarks/bench_model.py --sizes tiny --no-compile --dense \
     --out "$out/model_dense.json"
+fi
+# Cold start, eager (compile_ahead.py): the first AMP training step with empty Triton caches, ConvNeXt-T, then
+# WTConvNeXt-T with its kernels compiled ahead in threads and with each compiled at its launch (threads 0).
+if [[ "$what" == *cold* ]]; then
+  step 570 cold.txt "$py" benchmarks/bench_compile.py --eager --models convnext_tiny wtconvnext_tiny \
+    --compile-threads 0 --timeout 330 --out "$out/cold.json"
 fi
 if [[ "$what" == *trainbench* ]]; then
   step 420 train.txt "$py" benchmarks/bench_train.py --sizes tiny --out "$out/train.json"

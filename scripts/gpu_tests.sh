@@ -15,6 +15,8 @@ workers="${1:-12}"
 shift || true
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# The workers are the parallelism: two compile threads each (wtconvnext/ops/compile_ahead.py), not min(8, CPUs).
+export WTCONVNEXT_COMPILE_THREADS="${WTCONVNEXT_COMPILE_THREADS:-2}"
 py=${PYTHON:-python3}
 if ! "$py" -c "import xdist" 2>/dev/null; then
   wheels="${WHEELS:-.shared/wheels}"
@@ -36,5 +38,5 @@ if "$py" -c "import pytest_timeout" 2>/dev/null; then
   per=(--timeout "${TEST_TIMEOUT:-150}")
 fi
 timeout "${LIMIT:-540}" "$py" -m pytest -v -rfE --tb=short ${par[@]+"${par[@]}"} ${per[@]+"${per[@]}"} tests/test_ops_triton.py \
-  tests/test_launch_plan.py tests/gpu tests/test_ttir_memo.py "$@" 2>&1 | tee -a "$out/gpu_tests.log"
+  tests/test_launch_plan.py tests/gpu tests/test_ttir_memo.py tests/test_compile_ahead.py "$@" 2>&1 | tee -a "$out/gpu_tests.log"
 exit "${PIPESTATUS[0]}"

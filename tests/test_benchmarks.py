@@ -219,3 +219,29 @@ def test_bench_layer_rebuilds_a_cut_runs_table_from_its_row_lines(tmp_path: Path
     row = dict(dtype="bf16", B=2, C=8, H=9, W=10, levels=2, impl="dw7_cl", fwd_ms=0.5, fwdbwd_ms=1.25, peak_mb=3.0)
     (tmp_path / "printed.log").write_text(bench_layer.row_line(row) + "\n")
     assert bench_layer.rows_from_log(str(tmp_path / "printed.log")) == [row]
+
+
+def test_compile_ahead_cpu_lists_a_training_steps_specialisations(tmp_path: Path, monkeypatch) -> None:
+    """The cold-start script's list (each stage's forward and backward dry-run, as compile_ahead.py does): the
+    multi-launch stages' nine kernels and the small-map stages' six, once each; its table times each (the sm_90
+    compile stubbed here: it takes minutes) in series and in the pool."""
+    import torch
+
+    from benchmarks import compile_ahead_cpu as cac
+
+    kinds = [[key[0] for key in cac.distinct(cac.step_launches(s, torch.bfloat16))] for s in range(4)]
+    for names in kinds[:2]:
+        assert sorted(set(names)) == sorted(["_fold_kernel", "_analysis_kernel", "_conv_kernel",
+                                             "_synthesis_kernel", "_wgrad_pair_kernel", "_param_grads_kernel"])
+        assert names.count("_conv_kernel") == 4  # levels, base (+ bias, level 1's synthesis), and both flipped
+    for names in kinds[2:]:
+        assert sorted(names) == sorted(["_fold_kernel", "_small_kernel", "_small_kernel", "_analysis_kernel",
+                                        "_wgrad_pair_kernel", "_param_grads_kernel"])
+    compiled = []
+    monkeypatch.setattr(cac, "compile_sm90", lambda fn, sig, const, warps: compiled.append(fn.__name__))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    out = tmp_path / "ca.json"
+    assert cac.main(["--stages", "3", "--threads", "2", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert len(res["rows"]) == 6 and len(compiled) == 12  # each once in series, once in the pool
+    assert res["best"]["series_s"] >= 0 and res["best"]["threads"] == 2

@@ -973,6 +973,29 @@ class _Traced(threading.local):
 _TRACED = _Traced()  # .on while a torch.library.triton_op body runs (see traced_launches)
 
 
+class _Collect(threading.local):
+    launches: Optional[list] = None  # a class default: every thread starts launching
+
+
+_COLLECT = _Collect()  # .launches: a list while a pass is dry-run (collected_launches)
+# Kernels being compiled ahead by compile_ahead.py, by kept-kernel key: a launch that misses _COMPILED waits for its
+# compile here rather than starting the same one (written by the launching thread only).
+_PENDING: dict[tuple, Any] = {}
+
+
+@contextlib.contextmanager
+def collected_launches() -> Iterator[list]:
+    """Inside, this thread's launches run nothing: each is appended to the yielded list as (kernel, grid, runtime
+    arguments, warps, constexprs), so that a pass can be dry-run to learn which kernels it needs
+    (compile_ahead.py). The buffers it allocates are left uninitialised."""
+    was = _COLLECT.launches
+    _COLLECT.launches = found = []
+    try:
+        yield found
+    finally:
+        _COLLECT.launches = was
+
+
 @contextlib.contextmanager
 def traced_launches() -> Iterator[None]:
     """Launch through ``torch.library.wrap_triton`` inside this block: the body of a ``triton_op``, which
@@ -994,12 +1017,41 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
 
         wrap_triton(fn)[grid](*args, **consts, num_warps=warps)
         return
+    if _COLLECT.launches is not None:
+        _COLLECT.launches.append((fn, grid, args, warps, consts))
+        return
     rec = _plan.recording()
     if not _FAST_LAUNCH:
         fn[grid](*args, **consts, num_warps=warps)
         if rec is not None:
             rec.launch(functools.partial(fn[grid], **consts, num_warps=warps), args)
         return
+    key, cvals = kept_key(fn, args, warps, consts, _device_index())
+    kernel = _COMPILED.get(key)
+    if kernel is None:
+        if _PENDING:
+            pending = _PENDING.pop(key, None)
+            if pending is not None:  # compiled ahead (maybe still compiling): Triton's launch then finds it
+                pending.wait()
+        kernel = fn[grid](*args, **consts, num_warps=warps)
+        if not all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata", "__getitem__")):
+            _FAST_LAUNCH = False  # a Triton whose launch returns something else: stay on its path
+            if rec is not None:
+                rec.launch(functools.partial(fn[grid], **consts, num_warps=warps), args)
+            return
+        if len(_COMPILED) < _MAX_KEPT:
+            _COMPILED[key] = kernel
+        if rec is not None:
+            _record(rec, kernel, grid, (*args, *cvals))
+        return
+    runner = kernel[(grid[0], grid[1], grid[2] if len(grid) > 2 else 1)]
+    runner(*args, *cvals)
+    if rec is not None:
+        _record(rec, kernel, grid, (*args, *cvals), runner)
+
+
+def kept_key(fn: Any, args: tuple, warps: int, consts: dict[str, object], device: int) -> tuple[tuple, tuple]:
+    """(the key a launch's compiled kernel is kept under in _COMPILED, the constexpr values in parameter order)."""
     fid = id(fn)
     names = _CONST_NAMES.get(fid)
     if names is None:
@@ -1016,25 +1068,8 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
             raise TypeError(
                 f"{fn.__name__}: launch passes constexprs {sorted(consts)}, kernel has {sorted(names)}") from None
     # A pointer's low four bits: zero for 16-byte aligned (what Triton specialises on), else kept (a finer key).
-    key = (fid, _device_index(), warps, cvals,
-           *[(a.dtype, a.data_ptr() & 15) if isinstance(a, Tensor) else a for a in args])
-    kernel = _COMPILED.get(key)
-    if kernel is None:
-        kernel = fn[grid](*args, **consts, num_warps=warps)
-        if not all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata", "__getitem__")):
-            _FAST_LAUNCH = False  # a Triton whose launch returns something else: stay on its path
-            if rec is not None:
-                rec.launch(functools.partial(fn[grid], **consts, num_warps=warps), args)
-            return
-        if len(_COMPILED) < _MAX_KEPT:
-            _COMPILED[key] = kernel
-        if rec is not None:
-            _record(rec, kernel, grid, (*args, *cvals))
-        return
-    runner = kernel[(grid[0], grid[1], grid[2] if len(grid) > 2 else 1)]
-    runner(*args, *cvals)
-    if rec is not None:
-        _record(rec, kernel, grid, (*args, *cvals), runner)
+    key = (fid, device, warps, cvals, *[(a.dtype, a.data_ptr() & 15) if isinstance(a, Tensor) else a for a in args])
+    return key, cvals
 
 
 def _record(rec: "_plan._Recorder", kernel: Any, grid: tuple[int, ...], args: tuple, runner: Any = None) -> None:

@@ -66,23 +66,30 @@ def _in_format_of(t: Tensor, x: Tensor) -> Tensor:
 
 
 if TRITON_AVAILABLE:
+    from . import compile_ahead as _ahead
     from . import launch_plan as _plan
     from . import triton_kernels as _tk
     from .triton_kernels import (batch_chunks, coefficient_pair, folded_weights, input_grad_buffer, param_grads,
                                  weight_partials, wtconv_forward)
 
-    def _planned(core, inputs: tuple, *consts, sig: Optional[tuple] = None) -> tuple[tuple, Optional[tuple]]:
+    def _planned(core, inputs: tuple, *consts, sig: Optional[tuple] = None, then=None
+                 ) -> tuple[tuple, Optional[tuple]]:
         """(``core(*inputs, *consts)``, the inputs' launch-plan signature or None), replayed from its launch plan
         after the first call of a signature (launch_plan.py); never while a triton_op body is traced. ``sig``: a
-        stand-in for ``signature(*inputs)`` that determines it (the backward's, from the forward's)."""
-        key = None
+        stand-in for ``signature(*inputs)`` that determines it (the backward's, from the forward's). The first call
+        of a signature compiles the pass's kernels side by side first (compile_ahead.py), and those of ``then``'s
+        pass too (given the pass's outputs, the (core, inputs, consts) of the training backward), unwaited."""
+        key = first = None
         if _plan.ENABLED and not _tk._TRACED.on:
             # The current device (Triton's compiled kernels are per device; the interpreter's CPU tensors: none).
             dev = _tk._device_index() if inputs[0].is_cuda else None
             if sig is None:
                 sig = _plan.signature(*inputs)
             key = (core, sig, consts, _tk.tuning_state(), dev)
-        return _plan.planned(key, core, inputs, *consts), sig
+            if _ahead.applies(inputs[0]):
+                def first():
+                    _ahead.warm_pass(core, inputs, consts, then)
+        return _plan.planned(key, core, inputs, *consts, first=first), sig
 
     def _forward_core(
         xc: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
@@ -98,14 +105,22 @@ if TRITON_AVAILABLE:
 
     def _forward_impl(
         x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
-        wavelet_scale: Tensor, stride: int, round_to: Optional[torch.dtype] = None,
+        wavelet_scale: Tensor, stride: int, round_to: Optional[torch.dtype] = None, training: bool = False,
     ) -> tuple[Tensor, Tensor, Tensor, Optional[tuple]]:
         """y in x's memory format, the folded base and level kernels (for the backward) and the launch-plan
         signature of the pass (for the backward's key; None without plans). ``round_to``: the autocast dtype the
-        parameters are rounded to on the fly (eager mode), or None."""
+        parameters are rounded to on the fly (eager mode), or None; ``training``: a backward will follow (its
+        kernels compile ahead with the forward's at a signature's first call)."""
         # The kernels work on channels-last data (wide channel vectors); NCHW input costs one copy each way.
-        (out, base_w, level_w), sig = _planned(_forward_core, (_channels_last(x), weight, bias, base_scale,
-                                                               wavelet_weight, wavelet_scale), stride, round_to)
+        inputs = (_channels_last(x), weight, bias, base_scale, wavelet_weight, wavelet_scale)
+        then = None
+        if training:
+            def then(outs):  # the backward's pass as _backward_impl will run it, on a stand-in dy
+                _, base_w, level_w = outs
+                xc = inputs[0]
+                dy = torch.empty(xc.shape, dtype=xc.dtype, device=xc.device, memory_format=torch.channels_last)
+                return _backward_core, (dy, *inputs, base_w, level_w), (round_to,)
+        (out, base_w, level_w), sig = _planned(_forward_core, inputs, stride, round_to, then=then)
         return _in_format_of(out, x), base_w, level_w, sig
 
     def _backward_core(
@@ -287,7 +302,7 @@ if TRITON_AVAILABLE:
         @staticmethod
         def forward(ctx, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to):
             y, base_w, level_w, sig = _forward_impl(
-                x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to
+                x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to, training=True
             )
             ctx.save_for_backward(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, base_w, level_w)
             ctx.stride = stride
