@@ -215,3 +215,32 @@ def test_gpu_kernels_compile_once_in_the_pool_with_the_ordinary_bits(monkeypatch
     g.manual_seed(7)
     for a, b in zip(got, step()):
         assert torch.equal(a, b)
+
+
+def test_dry_runs_take_meta_tensors_and_never_fail_the_pass(kernels, monkeypatch):
+    """The dry runs allocate nothing on the device (meta copies of the inputs), and a dry run that raises leaves the
+    pass to run (and compile) as it would without compile-ahead."""
+    log = kernels()
+    seen = []
+    dry = compile_ahead.dry_run
+
+    def logged(core, inputs, consts):
+        seen.extend(t.device.type for t in inputs if t is not None)
+        return dry(core, inputs, consts)
+
+    monkeypatch.setattr(compile_ahead, "dry_run", logged)
+    x, params = _inputs(0, monkeypatch)
+    y = wtconv2d(x, *params, backend="triton")
+    torch.autograd.grad(y, [x, *params], torch.randn_like(y))
+    assert seen and set(seen) == {"meta"}
+
+    def broken(core, inputs, consts):
+        raise RuntimeError("a dry run that fails")
+
+    monkeypatch.setattr(compile_ahead, "dry_run", broken)
+    launch_plan.clear()
+    del log[:]
+    x, params = _inputs(0, monkeypatch, h=12)  # a new signature
+    y = wtconv2d(x, *params, backend="triton")
+    torch.autograd.grad(y, [x, *params], torch.randn_like(y))
+    assert log and not [e for e in log if e[0] == "warmup"]

@@ -6,7 +6,8 @@ CPU machine: ``benchmarks/sass_stats.py --fresh-cache``), almost all of it in Tr
 WTConvNeXt-T has four channel counts: its first eager training step waited minutes on compiles done in series.
 
 The first time a pass of a new launch-plan signature runs on a GPU (``wtconv_triton._planned``), it is first dry-run
-(:func:`~wtconvnext.ops.triton_kernels.collected_launches`: the same launcher code, nothing launched), and every
+on meta tensors (:func:`~wtconvnext.ops.triton_kernels.collected_launches`: the same launcher code, nothing
+launched, nothing allocated), and every
 kernel it needs that is not compiled yet goes to a pool of compile threads (``JITFunction.warmup``: Triton's own
 compile and cache, so the launch that follows finds the kernel there). The pass waits for its own kernels, then
 runs. A training forward also dry-runs its backward (a stand-in dy of the input's shape) and leaves those compiles
@@ -111,15 +112,29 @@ def dry_run(core: Callable[..., Any], inputs: Sequence[Optional[Tensor]], consts
     return found, outs
 
 
+def _meta(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.detach().to("meta")
+
+
 def warm_pass(core: Callable[..., Any], inputs: Sequence[Optional[Tensor]], consts: Sequence[Any],
-              then: Optional[Callable[[Any], tuple]] = None) -> None:
+              then: Optional[Callable[[tuple, Sequence[Any], Any], tuple]] = None) -> None:
     """Compile the kernels of the pass ``core(*inputs, *consts)`` in the pool and wait for them. ``then``: given the
-    dry run's outputs, (core, inputs, consts) of a pass that will follow (the training backward), whose kernels
-    are queued too but not waited for."""
-    launches, outs = dry_run(core, inputs, consts)
-    waits = submit(launches)
+    dry run's inputs, consts and outputs, (core, inputs, consts) of a pass that will follow (the training
+    backward), whose kernels are queued too but not waited for.
+
+    The dry runs take meta copies of the inputs (sizes, strides and dtypes, no memory: a first step allocates
+    nothing more on the GPU), so a real input off 16-byte alignment compiles at its launch. Best effort: whatever
+    goes wrong here is left to the pass itself, which runs next and raises its own errors."""
+    try:
+        meta = tuple(_meta(t) for t in inputs)
+        launches, outs = dry_run(core, meta, consts)
+        waits = submit(launches)
+    except Exception:  # noqa: BLE001 - see the docstring
+        return
     if then is not None:
-        nxt, nxt_inputs, nxt_consts = then(outs)
-        submit(dry_run(nxt, nxt_inputs, nxt_consts)[0])
+        try:
+            submit(dry_run(*then(meta, consts, outs))[0])
+        except Exception:  # noqa: BLE001
+            pass
     for pending in waits:
         pending.wait()

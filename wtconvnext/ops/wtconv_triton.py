@@ -112,16 +112,17 @@ if TRITON_AVAILABLE:
         parameters are rounded to on the fly (eager mode), or None; ``training``: a backward will follow (its
         kernels compile ahead with the forward's at a signature's first call)."""
         # The kernels work on channels-last data (wide channel vectors); NCHW input costs one copy each way.
-        inputs = (_channels_last(x), weight, bias, base_scale, wavelet_weight, wavelet_scale)
-        then = None
-        if training:
-            def then(outs):  # the backward's pass as _backward_impl will run it, on a stand-in dy
-                _, base_w, level_w = outs
-                xc = inputs[0]
-                dy = torch.empty(xc.shape, dtype=xc.dtype, device=xc.device, memory_format=torch.channels_last)
-                return _backward_core, (dy, *inputs, base_w, level_w), (round_to,)
-        (out, base_w, level_w), sig = _planned(_forward_core, inputs, stride, round_to, then=then)
+        (out, base_w, level_w), sig = _planned(_forward_core, (_channels_last(x), weight, bias, base_scale,
+                                                               wavelet_weight, wavelet_scale), stride, round_to,
+                                               then=_backward_after if training else None)
         return _in_format_of(out, x), base_w, level_w, sig
+
+    def _backward_after(inputs: tuple, consts: tuple, outs: tuple) -> tuple:
+        """(core, inputs, consts) of the backward pass that follows a forward pass of ``inputs`` and ``consts``
+        with outputs ``outs``, as _backward_impl will run it, on a stand-in dy (compile_ahead.py)."""
+        xc = inputs[0]
+        dy = torch.empty(xc.shape, dtype=xc.dtype, device=xc.device, memory_format=torch.channels_last)
+        return _backward_core, (dy, *inputs, outs[1], outs[2]), (consts[1],)
 
     def _backward_core(
         dy: Tensor, xc: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
