@@ -244,3 +244,63 @@ def test_dry_runs_take_meta_tensors_and_never_fail_the_pass(kernels, monkeypatch
     y = wtconv2d(x, *params, backend="triton")
     torch.autograd.grad(y, [x, *params], torch.randn_like(y))
     assert log and not [e for e in log if e[0] == "warmup"]
+
+
+def test_default_pool_shares_the_cpus_among_torchruns_processes(monkeypatch):
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert compile_ahead._default_threads() == max(1, min(8, cpus))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cpus + 1))  # more processes than CPUs: still one thread each
+    assert compile_ahead._default_threads() == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "x")  # not a number: as if alone
+    assert compile_ahead._default_threads() == max(1, min(8, cpus))
+
+
+def test_a_bad_thread_count_is_named(monkeypatch):
+    monkeypatch.setenv("WTCONVNEXT_COMPILE_THREADS", "eight")
+    with pytest.raises(ValueError, match="WTCONVNEXT_COMPILE_THREADS must be a whole number"):
+        compile_ahead._threads_from_env()
+    monkeypatch.setenv("WTCONVNEXT_COMPILE_THREADS", "3")
+    assert compile_ahead._threads_from_env() == 3
+
+
+def _described(launches):
+    """Launches as comparable rows: kernel, grid, warps, constexprs, and each argument (a tensor by dtype, shape
+    and strides)."""
+    return [(fn.__name__, tuple(grid), warps, tuple(consts.items()),
+             tuple((a.dtype, tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else a for a in args))
+            for fn, grid, args, warps, consts in launches]
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("small_max, stride", [(0, 1), (16, 1), (0, 2)], ids=["multi-launch", "small-map", "stride"])
+def test_meta_dry_runs_list_the_launches_of_the_real_passes(small_max, stride, monkeypatch):
+    """What compile-ahead compiles is what the passes launch: the forward's dry run and the backward's (on the
+    stand-in dy), on meta copies, list the same kernels, grids, arguments and constexprs, in order, as a real
+    forward + backward launches (the kernels run: under the interpreter on a CPU)."""
+    from wtconvnext.ops import wtconv_triton as wt
+
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max})
+    monkeypatch.setattr(launch_plan, "ENABLED", False)  # every launch through _launch
+    real = []
+    launch = tk._launch
+
+    def recorded(fn, grid, args, warps, **consts):
+        if tk._COLLECT.launches is None:
+            real.append((fn, grid, args, warps, consts))
+        launch(fn, grid, args, warps, **consts)
+
+    monkeypatch.setattr(tk, "_launch", recorded)
+    g = torch.Generator().manual_seed(2)
+    c, levels = 4, 2
+    x = torch.randn(2, c, 9, 7, generator=g).to(DEVICE).contiguous(memory_format=torch.channels_last)
+    params = [t.to(DEVICE) for t in (torch.randn(c, 1, 3, 3, generator=g), torch.randn(c, generator=g), torch.ones(c),
+                                     torch.randn(levels, c, 4, 3, 3, generator=g), torch.ones(levels, c, 4))]
+    xs = x.clone().requires_grad_()
+    ps = [p.clone().requires_grad_() for p in params]
+    y = wtconv2d(xs, *ps, stride=stride, backend="triton")
+    torch.autograd.grad(y, [xs, *ps], torch.randn_like(y))
+    meta = tuple(compile_ahead._meta(t) for t in (x, *params))
+    fwd, outs = compile_ahead.dry_run(wt._forward_core, meta, (stride, None))
+    bwd, _ = compile_ahead.dry_run(*wt._backward_after(meta, (stride, None), outs))
+    assert _described(fwd + bwd) == _described(real)

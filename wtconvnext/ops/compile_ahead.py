@@ -16,8 +16,9 @@ if it is still running. Triton's compiler releases the GIL in its MLIR passes, s
 (``benchmarks/compile_ahead_cpu.py``: a WTConvNeXt-T AMP training step's 30 kernel specialisations, sm_90, took
 229 s in series and 113 s in two threads on a 2-core machine; the longest single compile 49 s).
 
-``WTCONVNEXT_COMPILE_THREADS`` (read at import): the pool's size; default ``min(8, CPUs)``, 0 turns this off (each
-kernel compiles at its first launch, as Triton does). Compiles still running when the interpreter exits are waited
+``WTCONVNEXT_COMPILE_THREADS`` (read at import): the pool's size; default ``min(8, CPUs)``, the CPUs shared among
+torchrun's processes on the host (``LOCAL_WORLD_SIZE``); 0 turns this off (each kernel compiles at its first launch,
+as Triton does). Compiles still running when the interpreter exits are waited
 for; queued ones are dropped.
 """
 
@@ -36,7 +37,30 @@ from . import triton_kernels as _tk
 
 __all__ = ["THREADS", "applies", "warm_pass"]
 
-THREADS = int(os.environ.get("WTCONVNEXT_COMPILE_THREADS", str(min(8, os.cpu_count() or 1))))
+
+
+def _default_threads() -> int:
+    """min(8, the CPUs this process may use / the processes torchrun starts on this host)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        ranks = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+    except ValueError:
+        ranks = 1
+    return max(1, min(8, cpus // ranks))
+
+
+def _threads_from_env() -> int:
+    value = os.environ.get("WTCONVNEXT_COMPILE_THREADS")
+    if value is None:
+        return _default_threads()
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(
+            f"WTCONVNEXT_COMPILE_THREADS must be a whole number of threads (0: off), got {value!r}") from None
+
+
+THREADS = _threads_from_env()
 _pool: Optional[ThreadPoolExecutor] = None
 _lock = threading.Lock()
 
