@@ -1,25 +1,24 @@
 """Cold start: a pass's Triton kernels compiled side by side in threads, the training backward's while the forward runs.
 
 On a machine whose Triton cache is empty, every kernel specialisation compiles the first time it is launched, one
-after another on the launching thread. The weight-gradient kernel alone takes 45-50 s per channel count (sm_90, a
-CPU machine: ``benchmarks/sass_stats.py --fresh-cache``), almost all of it in Triton's TritonGPUCoalesce pass, and
-WTConvNeXt-T has four channel counts: its first eager training step waited minutes on compiles done in series.
+after another on the launching thread. The weight-gradient kernel alone takes 45-50 s per channel count (sm_90 on a
+CPU machine), almost all of it in Triton's TritonGPUCoalesce pass, and WTConvNeXt-T has four channel counts: its
+first eager training step waited minutes on compiles done in series.
 
 The first time a pass of a new launch-plan signature runs on a GPU (``wtconv_triton._planned``), it is first dry-run
 on meta tensors (:func:`~wtconvnext.ops.triton_kernels.collected_launches`: the same launcher code, nothing
-launched, nothing allocated), and every
-kernel it needs that is not compiled yet goes to a pool of compile threads (``JITFunction.warmup``: Triton's own
-compile and cache, so the launch that follows finds the kernel there). The pass waits for its own kernels, then
-runs. A training forward also dry-runs its backward (a stand-in dy of the input's shape) and leaves those compiles
-running: they overlap the rest of the forward, and the backward's first launch of each waits for its compile only
-if it is still running. Triton's compiler releases the GIL in its MLIR passes, so threads compile in parallel
-(``benchmarks/compile_ahead_cpu.py``: a WTConvNeXt-T AMP training step's 30 kernel specialisations, sm_90, took
-229 s in series and 113 s in two threads on a 2-core machine; the longest single compile 49 s).
+launched, nothing allocated), and every kernel it needs that is not compiled yet goes to a pool of compile threads
+(``JITFunction.warmup``: Triton's own compile and cache, so the launch that follows finds the kernel there). The
+pass waits for its own kernels, then runs. A training forward also dry-runs its backward (a stand-in dy of the
+input's shape) and leaves those compiles running: they overlap the rest of the forward, and the backward's first
+launch of each waits for its compile only if it is still running. Triton's compiler releases the GIL in its MLIR
+passes, so threads compile in parallel (``benchmarks/compile_ahead_cpu.py``: a WTConvNeXt-T AMP training step's 30
+kernel specialisations, sm_90, took 229 s in series and 113 s in two threads on a 2-core machine; the longest
+single compile 49 s).
 
 ``WTCONVNEXT_COMPILE_THREADS`` (read at import): the pool's size; default ``min(8, CPUs)``, the CPUs shared among
 torchrun's processes on the host (``LOCAL_WORLD_SIZE``); 0 turns this off (each kernel compiles at its first launch,
-as Triton does). Compiles still running when the interpreter exits are waited
-for; queued ones are dropped.
+as Triton does). Compiles still running when the interpreter exits are waited for; queued ones are dropped.
 """
 
 from __future__ import annotations
@@ -35,8 +34,7 @@ from torch import Tensor
 from . import launch_plan as _plan
 from . import triton_kernels as _tk
 
-__all__ = ["THREADS", "applies", "warm_pass"]
-
+__all__ = ["THREADS", "applies", "dry_run", "submit", "warm_pass"]
 
 
 def _default_threads() -> int:
