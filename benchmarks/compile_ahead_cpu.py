@@ -28,9 +28,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_layer import SHAPES  # noqa: E402
 from benchmarks.common import compile_sm90, report, wtconv_inputs  # noqa: E402
 
-STAGES = [(96, 56, 56, 5), (192, 28, 28, 4), (384, 14, 14, 3), (768, 7, 7, 2)]  # WTConvNeXt-T at 224 x 224
+STAGES = [s[1:] for s in SHAPES[:4]]  # C, H, W, levels of WTConvNeXt-T's stages at 224 x 224
 _TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float64: "*fp64"}
 
 

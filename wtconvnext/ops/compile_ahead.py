@@ -5,7 +5,7 @@ after another on the launching thread. The weight-gradient kernel alone takes 45
 CPU machine), almost all of it in Triton's TritonGPUCoalesce pass, and WTConvNeXt-T has four channel counts: its
 first eager training step waited minutes on compiles done in series.
 
-The first time a pass of a new launch-plan signature runs on a GPU (``wtconv_triton._planned``), it is first dry-run
+The first time a pass of a new launch-plan signature runs on a GPU (``launch_plan.planned``'s ``first``), it is dry-run
 on meta tensors (:func:`~wtconvnext.ops.triton_kernels.collected_launches`: the same launcher code, nothing
 launched, nothing allocated), and every kernel it needs that is not compiled yet goes to a pool of compile threads
 (``JITFunction.warmup``: Triton's own compile and cache, so the launch that follows finds the kernel there). The
@@ -146,7 +146,10 @@ def warm_pass(core: Callable[..., Any], inputs: Sequence[Optional[Tensor]], cons
 
     The dry runs take meta copies of the inputs (sizes, strides and dtypes, no memory: a first step allocates
     nothing more on the GPU), so a real input off 16-byte alignment compiles at its launch. Best effort: whatever
-    goes wrong here is left to the pass itself, which runs next and raises its own errors."""
+    goes wrong here is left to the pass itself, which runs next and raises its own errors. Does nothing where
+    :func:`applies` says no (the launch plans call this at every signature's first pass)."""
+    if not inputs or inputs[0] is None or not applies(inputs[0]):
+        return
     try:
         meta = tuple(_meta(t) for t in inputs)
         launches, outs = dry_run(core, meta, consts)

@@ -396,14 +396,14 @@ def signature(*tensors: Optional[Tensor]) -> tuple:
 
 
 def planned(key: Optional[tuple], fn: Callable[..., Sequence[Optional[Tensor]]],
-            inputs: Sequence[Optional[Tensor]], *consts: Any, first: Optional[Callable[[], None]] = None
+            inputs: Sequence[Optional[Tensor]], *consts: Any, first: Optional[Callable[..., None]] = None
             ) -> tuple[Optional[Tensor], ...]:
     """``fn(*inputs, *consts)`` (a tuple of tensors or None), replayed from its plan when ``key`` has one.
 
     ``key`` must determine every launch of the pass given the inputs' :func:`signature` (the caller includes it,
     with ``consts``, the tuning tables and the device); None: run ``fn`` without a plan. The first call of a key
-    records the pass while running it the ordinary way, after calling ``first()`` (the caller's one-off work for a
-    new signature: compile_ahead.py)."""
+    records the pass while running it the ordinary way, after calling ``first(fn, inputs, consts)`` (the caller's
+    one-off work for a new signature: compile_ahead.py)."""
     if key is None or not ENABLED:
         return tuple(fn(*inputs, *consts))
     try:
@@ -417,7 +417,7 @@ def planned(key: Optional[tuple], fn: Callable[..., Sequence[Optional[Tensor]]],
     if _STATE.rec is not None:  # a pass inside a pass being recorded: part of the outer record
         return tuple(fn(*inputs, *consts))
     if first is not None and len(_PLANS) < _MAX_PLANS:  # (a full table: every call would be a first one)
-        first()
+        first(fn, inputs, consts)
     rec = _STATE.rec = _Recorder(inputs)
     try:
         out = tuple(fn(*inputs, *consts))

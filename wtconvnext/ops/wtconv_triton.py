@@ -17,6 +17,7 @@ instead of storing them.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional
 
@@ -72,24 +73,22 @@ if TRITON_AVAILABLE:
     from .triton_kernels import (batch_chunks, coefficient_pair, folded_weights, input_grad_buffer, param_grads,
                                  weight_partials, wtconv_forward)
 
-    def _planned(core, inputs: tuple, *consts, sig: Optional[tuple] = None, then=None
+    def _planned(core, inputs: tuple, *consts, sig: Optional[tuple] = None, training: bool = False
                  ) -> tuple[tuple, Optional[tuple]]:
         """(``core(*inputs, *consts)``, the inputs' launch-plan signature or None), replayed from its launch plan
         after the first call of a signature (launch_plan.py); never while a triton_op body is traced. ``sig``: a
         stand-in for ``signature(*inputs)`` that determines it (the backward's, from the forward's). The first call
-        of a signature compiles the pass's kernels side by side first (compile_ahead.py), and those of ``then``'s
-        pass too (given the pass's outputs, the (core, inputs, consts) of the training backward), unwaited."""
-        key = first = None
+        of a signature compiles the pass's kernels side by side first (compile_ahead.py), and with ``training`` (a
+        forward whose backward follows) the backward's too, unwaited."""
+        key = None
         if _plan.ENABLED and not _tk._TRACED.on:
             # The current device (Triton's compiled kernels are per device; the interpreter's CPU tensors: none).
             dev = _tk._device_index() if inputs[0].is_cuda else None
             if sig is None:
                 sig = _plan.signature(*inputs)
             key = (core, sig, consts, _tk.tuning_state(), dev)
-            if _ahead.applies(inputs[0]):
-                def first():
-                    _ahead.warm_pass(core, inputs, consts, then)
-        return _plan.planned(key, core, inputs, *consts, first=first), sig
+        return _plan.planned(key, core, inputs, *consts,
+                             first=_ahead_training if training else _ahead.warm_pass), sig
 
     def _forward_core(
         xc: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
@@ -114,7 +113,7 @@ if TRITON_AVAILABLE:
         # The kernels work on channels-last data (wide channel vectors); NCHW input costs one copy each way.
         (out, base_w, level_w), sig = _planned(_forward_core, (_channels_last(x), weight, bias, base_scale,
                                                                wavelet_weight, wavelet_scale), stride, round_to,
-                                               then=_backward_after if training else None)
+                                               training=training)
         return _in_format_of(out, x), base_w, level_w, sig
 
     def _backward_after(inputs: tuple, consts: tuple, outs: tuple) -> tuple:
@@ -123,6 +122,8 @@ if TRITON_AVAILABLE:
         xc = inputs[0]
         dy = torch.empty(xc.shape, dtype=xc.dtype, device=xc.device, memory_format=torch.channels_last)
         return _backward_core, (dy, *inputs, outs[1], outs[2]), (consts[1],)
+
+    _ahead_training = functools.partial(_ahead.warm_pass, then=_backward_after)
 
     def _backward_core(
         dy: Tensor, xc: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
