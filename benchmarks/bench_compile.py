@@ -14,7 +14,7 @@ case died during its third dump; the rows of such a run are not timings.
 
 ``--eager``: no ``torch.compile``; the first step then pays only the Triton kernels' compiles, which
 ``wtconvnext/ops/compile_ahead.py`` runs side by side in threads. ``--compile-threads N ...`` adds a WTConvNeXt row per
-value of ``WTCONVNEXT_COMPILE_THREADS`` (0: each kernel compiles at its first launch, in series).
+value of ``WTCONVNEXT_COMPILE_THREADS`` (0, the default: each kernel compiles at its first launch, in series).
 
 ``--traced`` adds a WTConvNeXt row compiled on the opt-in ``triton_op`` path (WTCONVNEXT_TRITON_OP=1) instead of
 the default opaque custom op. ``--tuning KEY=V ...`` adds WTConvNeXt rows whose kernels take other TUNING entries (one row per

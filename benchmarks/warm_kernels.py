@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import sys
 import time
 from pathlib import Path
@@ -88,8 +87,6 @@ def main(argv: list[str] | None = None) -> int:
         for b in g.batches for s in g.stages for m in g.modes))
     t0 = time.perf_counter()
     failed = 0
-    # The processes are the parallelism here: one compile thread each (compile_ahead.py), not min(8, CPUs) each.
-    os.environ.setdefault("WTCONVNEXT_COMPILE_THREADS", "1")
     # spawn: each worker starts its own CUDA context (a forked one cannot).
     with mp.get_context("spawn").Pool(min(args.jobs, len(cases))) as pool:
         for label, secs, err in pool.imap_unordered(_run_case, cases):

@@ -15,8 +15,6 @@ workers="${1:-12}"
 shift || true
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-# The workers are the parallelism: two compile threads each (wtconvnext/ops/compile_ahead.py), not min(8, CPUs).
-export WTCONVNEXT_COMPILE_THREADS="${WTCONVNEXT_COMPILE_THREADS:-2}"
 py=${PYTHON:-python3}
 if ! "$py" -c "import xdist" 2>/dev/null; then
   wheels="${WHEELS:-.shared/wheels}"

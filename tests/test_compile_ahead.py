@@ -87,6 +87,7 @@ def kernels(monkeypatch):
     monkeypatch.setattr(launch_plan, "_PLANS", {})
     monkeypatch.setattr(launch_plan, "_direct_env", (lambda: 0, lambda: True))
     monkeypatch.setattr(compile_ahead, "applies", lambda x: compile_ahead._ready())  # CPU tensors here
+    monkeypatch.setattr(compile_ahead, "THREADS", 2)  # opt-in
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
 
     def get(fail: bool = False) -> list:
@@ -174,7 +175,7 @@ def test_gpu_kernels_compile_once_in_the_pool_with_the_ordinary_bits(monkeypatch
 
     from wtconvnext.ops import wtconv2d as op
 
-    assert compile_ahead.THREADS > 0
+    monkeypatch.setattr(compile_ahead, "THREADS", 4)  # opt-in
     warmed: list[tuple] = []
     compile_fn = compile_ahead._compile
 
@@ -258,10 +259,14 @@ def test_default_pool_shares_the_cpus_among_torchruns_processes(monkeypatch):
 
 def test_a_bad_thread_count_is_named(monkeypatch):
     monkeypatch.setenv("WTCONVNEXT_COMPILE_THREADS", "eight")
-    with pytest.raises(ValueError, match="WTCONVNEXT_COMPILE_THREADS must be a whole number"):
+    with pytest.raises(ValueError, match="WTCONVNEXT_COMPILE_THREADS must be 'auto' or a whole number"):
         compile_ahead._threads_from_env()
     monkeypatch.setenv("WTCONVNEXT_COMPILE_THREADS", "3")
     assert compile_ahead._threads_from_env() == 3
+    monkeypatch.setenv("WTCONVNEXT_COMPILE_THREADS", "auto")
+    assert compile_ahead._threads_from_env() == compile_ahead._default_threads()
+    monkeypatch.delenv("WTCONVNEXT_COMPILE_THREADS")
+    assert compile_ahead._threads_from_env() == 0  # opt-in
 
 
 def _described(launches):
