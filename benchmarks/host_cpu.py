@@ -20,6 +20,10 @@ channels_last, in five modes, so that no kernel runs:
   ``planned`` - ``direct`` here understates what the GPU path saves.)
 - ``workspace``: as ``direct``, the intermediates of each pass in one workspace allocation (the default path on a
   GPU; ``launch_plan.WORKSPACE``).
+- ``op``: as ``workspace``, through the opaque custom ops that compiled code calls per layer: forward
+  ``torch.ops.wtconvnext.wtconv2d``, then ``wtconv2d_backward`` (no autograd; parameters already in bf16, as the
+  compiled graph casts them), so the difference to ``workspace`` is the ops' dispatch and the backward op's
+  refolding against the Function's saved kernels and autograd.
 
 ``stub`` and ``kept`` run with launch plans off.
 
@@ -55,7 +59,7 @@ from wtconvnext.ops import small_kernels as sk  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
-MODES = ("stub", "kept", "planned", "direct", "workspace")
+MODES = ("stub", "kept", "planned", "direct", "workspace", "op")
 STAGES = [(96, 56, 56, 5), (192, 28, 28, 4), (384, 14, 14, 3), (768, 7, 7, 2)]  # C, H, W, levels (WTConvNeXt-T)
 
 
@@ -93,9 +97,9 @@ def no_kernels(mode: str) -> Iterator[None]:
     plans_on, direct_on, direct_env = launch_plan.ENABLED, launch_plan.DIRECT, launch_plan._direct_env
     workspace_on = launch_plan.WORKSPACE
     launch_plan.clear()  # plans hold launchers: none may outlive the mode that recorded it
-    launch_plan.ENABLED = mode in ("planned", "direct", "workspace")
-    launch_plan.DIRECT = mode in ("direct", "workspace")
-    launch_plan.WORKSPACE = mode == "workspace"
+    launch_plan.ENABLED = mode in ("planned", "direct", "workspace", "op")
+    launch_plan.DIRECT = mode in ("direct", "workspace", "op")
+    launch_plan.WORKSPACE = mode in ("workspace", "op")
     launch_plan._direct_env = (lambda: 0, lambda: True)  # the stand-in stream; no launch hooks
     try:
         if mode == "stub":
@@ -164,12 +168,22 @@ def main(argv: list[str] | None = None) -> int:
         def fwd_bwd() -> None:
             torch.autograd.grad(wtconv2d(x, *ps, backend="triton"), [x, *ps], dy)
 
+        xd, low = x.detach(), [t.detach() for t in ps]
+
+        def op_fwd() -> None:
+            torch.ops.wtconvnext.wtconv2d(xd, *low, 1)
+
+        def op_fwd_bwd() -> None:
+            torch.ops.wtconvnext.wtconv2d(xd, *low, 1)
+            torch.ops.wtconvnext.wtconv2d_backward(dy, xd, *low, 1)
+
         # Short rounds, the modes alternating, so that slow phases of a shared machine hit both alike.
         times: dict[tuple[str, str], list[int]] = {}
         for _ in range(args.rounds):
             for mode in MODES:
                 with no_kernels(mode):
-                    for name, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
+                    fns = (("fwd", op_fwd), ("fwd_bwd", op_fwd_bwd)) if mode == "op" else (("fwd", fwd), ("fwd_bwd", fwd_bwd))
+                    for name, fn in fns:
                         times.setdefault((mode, name), []).extend(sample_ns(fn, -(-args.iters // args.rounds)))
         for mode in MODES:
             rows.append(dict(mode=mode, C=c, H=h, W=w, levels=levels, B=1, dtype="bf16",

@@ -143,11 +143,11 @@ def test_host_cpu_times_every_mode_on_a_tiny_shape(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = json.loads(out.read_text())["rows"]
-    assert [r["mode"] for r in rows] == ["stub", "kept", "planned", "direct", "workspace"]
+    assert [r["mode"] for r in rows] == ["stub", "kept", "planned", "direct", "workspace", "op"]
     for r in rows:
         assert (r["C"], r["H"], r["levels"], r["iters"]) == (8, 9, 2, 20)
         assert 0 < r["fwd_us"] < r["fwd_bwd_us"], r
-    assert "fwd+bwd us" in proc.stdout and proc.stdout.count("8,   9, 2") == 5
+    assert "fwd+bwd us" in proc.stdout and proc.stdout.count("8,   9, 2") == 6
 
 
 def test_peak_cpu_counts_the_layers_allocations(tmp_path: Path) -> None:

@@ -127,10 +127,12 @@ if TRITON_AVAILABLE:
 
     def _backward_core(
         dy: Tensor, xc: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
-        wavelet_scale: Tensor, base_w: Tensor, level_w: Tensor, round_to: Optional[torch.dtype],
+        wavelet_scale: Tensor, base_w: Optional[Tensor], level_w: Optional[Tensor], round_to: Optional[torch.dtype],
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         """The backward of a stride-1 pass over channels-last ``xc`` and ``dy``: (dx channels-last, the parameters'
-        gradients)."""
+        gradients). ``base_w`` / ``level_w`` None: the folded kernels are made here (the backward op's)."""
+        if base_w is None or level_w is None:
+            base_w, _, level_w = folded_weights(weight, None, base_scale, wavelet_weight, wavelet_scale, round_to)
         levels, k = wavelet_weight.shape[0], weight.shape[-1]
         bsz = xc.shape[0]
         dx: Optional[Tensor] = None
@@ -160,11 +162,12 @@ if TRITON_AVAILABLE:
 
     def _backward_impl(
         dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
-        wavelet_scale: Tensor, stride: int, base_w: Tensor, level_w: Tensor, round_to: Optional[torch.dtype] = None,
-        fwd_sig: Optional[tuple] = None,
+        wavelet_scale: Tensor, stride: int, base_w: Optional[Tensor], level_w: Optional[Tensor],
+        round_to: Optional[torch.dtype] = None, fwd_sig: Optional[tuple] = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         """(dx, d weight, d bias, d base_scale, d wavelet_weight, d wavelet_scale); d bias is for a zero bias when
-        ``bias`` is None. ``base_w`` / ``level_w`` are the forward's folded kernels; ``fwd_sig``, the forward's
+        ``bias`` is None. ``base_w`` / ``level_w`` are the forward's folded kernels, or None (made in the pass,
+        which its launch plan then replays too); ``fwd_sig``, the forward's
         plan signature when x and the parameters are the very tensors that forward saw (autograd's saved ones):
         with dy's, it determines the backward's inputs' signature, which is then not worked out again."""
         bsz, ch, h, w = x.shape
@@ -182,10 +185,10 @@ if TRITON_AVAILABLE:
         return (_in_format_of(dx, x), *grads)
 
     def _refolded_backward(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
-        """The backward ops' body: the folded kernels recomputed (an op's forward returns only y), then the
-        backward."""
-        base_w, _, level_w = folded_weights(weight, None, base_scale, wavelet_weight, wavelet_scale)
-        return _backward_impl(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, base_w, level_w)
+        """The backward ops' body: the folded kernels recomputed (an op's forward returns only y), inside the
+        backward pass, so that its launch plan replays the fold too (unplanned, the fold was about half the
+        op's host time on the CPU)."""
+        return _backward_impl(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, None, None)
 
     @torch.library.custom_op("wtconvnext::wtconv2d", mutates_args=(), device_types=None)
     def _wtconv2d_op(
