@@ -8,7 +8,7 @@
 # 15 MiB each) must come back as files of their own: with $OUT set (the device machine) they are copied there, beside
 # the results' tarball (which should leave them out); here, put them into an ignored folder (e.g. .tcache) to carry.
 # (default: tests abtune layer profile, into results/gpu_ab; about 4 (tests), 2.5 (abrows), 6 (abtune), 2.5 (layer),
-# 2 (profile), 3 (compiled), 3 (pmodel), 5.5 (graphs) and 3 (host) minutes on an H200, layer and profile timed
+# 2 (profile), 3 (compiled), 4.5 (pmodel), 5.5 (graphs) and 3 (host) minutes on an H200, layer and profile timed
 # with the tensor-core rows since removed: device calls of at most 10 minutes, e.g. "compiled pmodel",
 # "abrows abtune", "tests layer profile", "graphs host").
 # Needs the golden data (see gpu_check.sh).
@@ -100,8 +100,9 @@ if [[ "$what" == *compiled* ]]; then  # COMPILE_TIMEOUT: seconds per case (a col
   ct=${COMPILE_TIMEOUT:-200}
   step $((2 * ct + 60)) compile.txt "$py" benchmarks/bench_compile.py --timeout "$ct" --out "$out/compile.json"
 fi
-if [[ "$what" == *pmodel* ]]; then
-  step 200 profile_model.txt "$py" benchmarks/profile_model.py --compile
+if [[ "$what" == *pmodel* ]]; then  # both models: whether a step is GPU-bound (kernel sum ~ wall), and where they differ
+  step 200 profile_model.txt "$py" benchmarks/profile_model.py --compile --rows 60
+  step 100 profile_model_convnext.txt "$py" benchmarks/profile_model.py --model convnext_tiny --compile --rows 40
 fi
 if [[ "$what" == *graphs* ]]; then
   step 330 model_cudagraphs.txt "$py" benchmarks/bench_model.py --sizes tiny --compiled-only --compile-amp-only \
