@@ -4,7 +4,7 @@ Each case runs in a fresh process with empty Inductor and Triton caches, so its 
 (dynamo, AOTAutograd, Inductor, Triton), as a user's first run does. Then milliseconds per step (median of
 CUDA-event-timed steps) and peak memory, as ``bench_model.py`` measures them.
 
-    python benchmarks/bench_compile.py [--models convnext_tiny wtconvnext_tiny] [--traced] [--batch 128]
+    python benchmarks/bench_compile.py [--models convnext_tiny wtconvnext_tiny] [--opaque] [--batch 128]
                                        [--out results/compile.json]
 
 ``--stacks S``: every S seconds each case's process writes every thread's Python stack to
@@ -16,8 +16,8 @@ case died during its third dump; the rows of such a run are not timings.
 ``wtconvnext/ops/compile_ahead.py`` runs side by side in threads. ``--compile-threads N ...`` adds a WTConvNeXt row per
 value of ``WTCONVNEXT_COMPILE_THREADS`` (0, the default: each kernel compiles at its first launch, in series).
 
-``--traced`` adds a WTConvNeXt row compiled on the opt-in ``triton_op`` path (WTCONVNEXT_TRITON_OP=1) instead of
-the default opaque custom op. ``--tuning KEY=V ...`` adds WTConvNeXt rows whose kernels take other TUNING entries (one row per
+``--opaque`` adds a WTConvNeXt row compiled on the opaque custom ops (WTCONVNEXT_TRITON_OP=0) instead of the
+default ``triton_op`` path. ``--tuning KEY=V ...`` adds WTConvNeXt rows whose kernels take other TUNING entries (one row per
 argument, e.g. ``wgrad_pair=0`` or ``wgrad_pair=0,wgrad_unroll=0``): variants that compile faster, side by side. Rows also give the compile phases torch records (AOTAutograd trace, Inductor lowering,
 waiting on Triton compiles) and, for WTConvNeXt, how often the memo of ``wtconvnext/ops/ttir_memo.py`` answered.
 """
@@ -64,7 +64,7 @@ def _case(name: str, batch: int) -> dict:
             phases[parts[0]] = float(parts[1])
     row = dict(model=name, batch=batch, first_step_s=first_s, ms=ms, img_s=batch / ms * 1000, peak_gb=peak,
                graphs=counters["stats"].get("unique_graphs", 0), graph_breaks=sum(counters["graph_break"].values()),
-               phases_s=phases, traced=os.environ.get("WTCONVNEXT_TRITON_OP", "0") == "1", compiled=compiled,
+               phases_s=phases, traced=os.environ.get("WTCONVNEXT_TRITON_OP", "1") != "0", compiled=compiled,
                compile_threads=os.environ.get("WTCONVNEXT_COMPILE_THREADS", ""))
     if name.startswith("wtconvnext"):
         import torch._higher_order_ops.triton_kernel_wrap as tkw
@@ -113,7 +113,7 @@ def _spawn(name: str, batch: int, traced: bool, timeout: int, tuning: str = "", 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=["convnext_tiny", "wtconvnext_tiny"])
-    ap.add_argument("--traced", action="store_true", help="also WTConvNeXt on the opt-in triton_op path")
+    ap.add_argument("--opaque", action="store_true", help="also WTConvNeXt on the opaque custom ops")
     ap.add_argument("--tuning", nargs="*", default=[], metavar="KEY=V[,KEY=V]",
                     help="also WTConvNeXt rows with these TUNING entries, one row each")
     ap.add_argument("--eager", action="store_true", help="eager training (the kernels' compiles only)")
@@ -145,15 +145,15 @@ def main(argv=None) -> int:
     for spec in args.tuning:
         _tuning(spec)  # a malformed entry fails before any case runs
     wt = [m for m in args.models if m.startswith("wtconvnext")]
-    cases = [(m, False, "", None) for m in args.models]
-    if args.traced:
-        cases += [(m, True, "", None) for m in wt]
-    cases += [(m, False, t, None) for t in args.tuning for m in wt]
-    cases += [(m, False, "", n) for n in args.compile_threads for m in wt]
+    cases = [(m, True, "", None) for m in args.models]
+    if args.opaque:
+        cases += [(m, False, "", None) for m in wt]
+    cases += [(m, True, t, None) for t in args.tuning for m in wt]
+    cases += [(m, True, "", n) for n in args.compile_threads for m in wt]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for name, traced, tuning, threads in cases:
-        tag = name + ("_traced" if traced else "") + (f"_{tuning.replace(',', '_')}" if tuning else "")
+        tag = name + ("" if traced else "_opaque") + (f"_{tuning.replace(',', '_')}" if tuning else "")
         tag += "" if threads is None else f"_threads{threads}"
         stacks_file = Path(args.out).with_suffix(f".{tag}.stacks.txt")
         rows.append(_spawn(name, args.batch, traced, args.timeout, tuning, args.stacks, stacks_file, args.eager,
@@ -162,7 +162,8 @@ def main(argv=None) -> int:
     base = next((r for r in rows if r["model"].startswith("convnext") and "error" not in r), None)
     lines = []
     for r in rows:
-        label = r["model"] + (" (triton_op)" if r.get("traced", False) else "")
+        label = r["model"] + (" (opaque ops)" if r["model"].startswith("wtconvnext") and not r.get("traced", True)
+                              else "")
         label += f" {r['tuning']}" if r.get("tuning") else ""
         label += f" threads={r['compile_threads']}" if r.get("compile_threads") else ""
         if "error" in r:

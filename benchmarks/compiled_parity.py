@@ -2,8 +2,9 @@
 
     python benchmarks/compiled_parity.py [--out results/compiled_parity.json] [--calls 4] [--jobs 8]
 
-Cases: the op path (``opaque``: the custom ops, the default; ``traced``: the ``triton_op`` pair, opt-in with
-WTCONVNEXT_TRITON_OP=1) x the compile mode (``default``, ``reduce-overhead``: CUDA graphs) x the dtype (bf16, fp32).
+Cases: the op path (``traced``: the ``triton_op`` pair, the default; ``opaque``: the custom ops, with
+WTCONVNEXT_TRITON_OP=0) x the compile mode (``default``, ``reduce-overhead``: CUDA graphs) x the dtype (bf16, fp32,
+and ``amp``: fp32 input and parameters under bf16 autocast).
 Each case runs in a process of its own (the op path is read at import) on one layer (B=4, C=96, 29 x 31, 4 levels,
 5 x 5: odd sizes, the multi-launch path), and compares y, dx and the five parameter gradients of ``sum(y * dy)`` with
 the same process's eager ones, for ``--calls`` compiled calls in a row (under reduce-overhead: warm-up, recording,
@@ -36,8 +37,11 @@ def _case(mode: str, dtype_name: str, calls: int) -> dict:
     from wtconvnext.ops import wtconv2d
     from wtconvnext.ops.wtconv_triton import traced_op_applies
 
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
+    # "amp": fp32 input and parameters under bf16 autocast (the parameters rounded inside the kernels).
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "amp": torch.float32}[dtype_name]
     x, dy, params = wtconv_inputs(4, 96, 29, 31, 4, dtype)
+    if dtype_name == "amp":
+        dy = dy.to(torch.bfloat16)
     x, dy = x.contiguous(memory_format=torch.channels_last), dy.contiguous(memory_format=torch.channels_last)
     params = [p.requires_grad_() for p in params]
 
@@ -47,7 +51,8 @@ def _case(mode: str, dtype_name: str, calls: int) -> dict:
         return [y.detach().clone(), *(g.clone() for g in torch.autograd.grad(y, [xg, *params], dy))]
 
     def layer(t):
-        return wtconv2d(t, *params)
+        with torch.autocast("cuda", torch.bfloat16, enabled=dtype_name == "amp"):
+            return wtconv2d(t, *params)
 
     eager = grads(layer)
     compiled = torch.compile(layer, fullgraph=True, dynamic=False, mode=None if mode == "default" else mode)
@@ -80,7 +85,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--paths", nargs="+", default=["opaque", "traced"], choices=["opaque", "traced"])
     ap.add_argument("--modes", nargs="+", default=["default", "reduce-overhead"])
-    ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32"])
+    ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32", "amp"], choices=["bf16", "fp32", "amp"])
     ap.add_argument("--calls", type=int, default=4)
     ap.add_argument("--jobs", type=int, default=8, help="cases compiled side by side (CPU-bound)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per case")

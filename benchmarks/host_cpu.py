@@ -20,9 +20,9 @@ channels_last, in five modes, so that no kernel runs:
   ``planned`` - ``direct`` here understates what the GPU path saves.)
 - ``workspace``: as ``direct``, the intermediates of each pass in one workspace allocation (the default path on a
   GPU; ``launch_plan.WORKSPACE``).
-- ``op``: as ``workspace``, through the opaque custom ops that compiled code calls per layer: forward
-  ``torch.ops.wtconvnext.wtconv2d``, then ``wtconv2d_backward`` (no autograd; parameters already in bf16, as the
-  compiled graph casts them), so the difference to ``workspace`` is the ops' dispatch and the backward op's
+- ``op``: as ``workspace``, through the opaque custom ops that compiled code with dynamic sizes calls per layer:
+  forward ``torch.ops.wtconvnext.wtconv2d``, then ``wtconv2d_backward`` (no autograd; bf16 parameters), so the
+  difference to ``workspace`` is the ops' dispatch and the backward op's
   refolding against the Function's saved kernels and autograd.
 
 ``stub`` and ``kept`` run with launch plans off.

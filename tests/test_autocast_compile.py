@@ -1,10 +1,11 @@
 """The fused WTConv compiled under autocast gives what it gives in eager mode under autocast.
 
-The two modes take different routes through ``wtconv2d_triton``: in eager mode the parameters are rounded to the
-autocast dtype inside the kernels; under ``torch.compile`` the op casts them first (the compiler fuses the casts)
-and autograd's cast backward carries their gradients back to float32. Both must give the same output and the same
-gradients, bit for bit; a compiled path that forgot a cast would compute with unrounded float32 weights and return
-float32 gradients that never went through the autocast dtype.
+The two modes take different routes through ``wtconv2d_triton``: in eager mode an autograd Function, under
+``torch.compile`` a custom op that receives the float32 parameters with the autocast dtype as an argument. In both
+the kernels round the parameters to that dtype and their gradients through it (Inductor would launch a cast kernel
+per parameter and per gradient otherwise: it does not fuse casts into user kernels). Both must give the same output
+and the same gradients, bit for bit; a compiled path that dropped the dtype would compute with unrounded float32
+weights and return float32 gradients that never went through the autocast dtype.
 
 ``torch.compile`` runs with the ``aot_eager`` backend: it traces the op's compiled branch and its autograd exactly as
 Inductor does, without compiling C++ on a CPU-only machine (the custom op is opaque to Inductor either way). On the
@@ -74,3 +75,28 @@ def test_compiled_under_autocast_matches_eager(dtype: torch.dtype, channels_last
     with torch.no_grad():
         y_fp32 = layer(x)
     assert y_fp32.dtype == torch.float32 and not torch.equal(y_fp32.to(dtype), y_e)
+
+
+def test_compiled_graph_hands_the_parameters_uncast_to_the_op() -> None:
+    """Under autocast the compiled graph calls the op on the float32 parameters with the autocast dtype: no cast of a
+    parameter in the graph (each would be a kernel launch of its own, and its gradient's cast another)."""
+    torch._dynamo.reset()
+    layer = _layer(c=4, k=3, levels=2)
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    x = torch.randn(2, 4, 9, 8).to(DEVICE)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        torch.compile(layer, fullgraph=True, backend=record)(x)
+    (gm,) = graphs
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and "wtconvnext" in str(n.target)]
+    assert len(calls) == 1, [str(n.target) for n in gm.graph.nodes]
+    op_args = calls[0].args
+    assert op_args[-1] == torch.bfloat16  # round_to
+    for arg in op_args[1:6]:  # weight, bias, base_scale, wavelet_weight, wavelet_scale
+        assert arg is None or arg.op in ("placeholder", "get_attr"), arg.format_node()
+    casts = [n for n in gm.graph.nodes if n.op == "call_method" and n.target in ("to", "type")]
+    assert len(casts) == 1 and casts[0] is op_args[0], [n.format_node() for n in casts]  # x's own cast only

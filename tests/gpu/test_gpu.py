@@ -194,8 +194,8 @@ def test_wtconvnext_tiny_compile_fullgraph_equals_eager():
 
     (y_comp, g_comp), codes = run_and_get_code(run)
     code = "\n".join(codes)
-    # The fused WTConv, forward and backward: the opaque ops by default, the kernels themselves on the opt-in
-    # triton_op path.
+    # The fused WTConv, forward and backward: the kernels themselves on the triton_op path (the default), the
+    # opaque ops with WTCONVNEXT_TRITON_OP=0.
     if wtconv_triton.TRITON_OP:
         assert "_conv_kernel" in code and "_wgrad_" in code
     else:
@@ -255,9 +255,9 @@ def _grads_of(fn, layer, x):
 
 
 def test_compiled_static_shapes_launch_kernels_from_inductor_code(monkeypatch):
-    """Static sizes on the opt-in triton_op path (WTCONVNEXT_TRITON_OP=1, switched on here): Inductor's own code
-    launches the kernels (no custom-op call), with the eager results. (Session 30 on the H200 saw this path's
-    compiled results differ from eager, hence opt-in; this test checks the mend.)"""
+    """Static sizes on the triton_op path (the default; switched on here in case WTCONVNEXT_TRITON_OP=0): Inductor's
+    own code launches the kernels (no custom-op call, no cast kernel of a parameter), with the eager results.
+    (Session 30 on the H200 saw this path's compiled results differ from eager; this test checks the mend.)"""
     from torch._inductor.utils import run_and_get_code
 
     from wtconvnext.ops import wtconv_triton

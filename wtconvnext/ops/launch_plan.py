@@ -373,7 +373,14 @@ def recording() -> Optional[_Recorder]:
 def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
           memory_format: torch.memory_format = torch.contiguous_format) -> Tensor:
     """``torch.empty`` for a pass's buffers and outputs: a recorded allocation while a plan is being recorded."""
-    t = torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format)
+    if memory_format == torch.channels_last and len(shape) == 4:
+        # The same tensor as torch.empty(memory_format=...), made as one strided allocation: traced into a
+        # triton_op's graph, that form decomposes into an empty and a permuted view of it, and Inductor then fills
+        # a copy of the view with NaN (a full-size write and a launch) before the kernel writes it.
+        _, c, h, w = shape
+        t = torch.empty_strided(shape, (h * w * c, 1, w * c, c), dtype=dtype, device=device)
+    else:
+        t = torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format)
     rec = _STATE.rec
     if rec is not None:
         rec.alloc(t, tuple(shape), dtype, memory_format)

@@ -184,11 +184,12 @@ if TRITON_AVAILABLE:
                                                     wavelet_scale, base_w, level_w), round_to, sig=sig)
         return (_in_format_of(dx, x), *grads)
 
-    def _refolded_backward(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
+    def _refolded_backward(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to=None):
         """The backward ops' body: the folded kernels recomputed (an op's forward returns only y), inside the
         backward pass, so that its launch plan replays the fold too (unplanned, the fold was about half the
         op's host time on the CPU)."""
-        return _backward_impl(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, None, None)
+        return _backward_impl(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, None, None,
+                              round_to)
 
     @torch.library.custom_op("wtconvnext::wtconv2d", mutates_args=(), device_types=None)
     def _wtconv2d_op(
@@ -199,11 +200,12 @@ if TRITON_AVAILABLE:
         wavelet_weight: Tensor,
         wavelet_scale: Tensor,
         stride: int,
+        round_to: Optional[torch.dtype] = None,
     ) -> Tensor:
-        return _forward_impl(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)[0]
+        return _forward_impl(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)[0]
 
     @_wtconv2d_op.register_fake
-    def _(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
+    def _(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to=None):
         return _empty_output(x, stride)
 
     @torch.library.custom_op("wtconvnext::wtconv2d_backward", mutates_args=(), device_types=None)
@@ -216,11 +218,12 @@ if TRITON_AVAILABLE:
         wavelet_weight: Tensor,
         wavelet_scale: Tensor,
         stride: int,
+        round_to: Optional[torch.dtype] = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        return _refolded_backward(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+        return _refolded_backward(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)
 
     @_wtconv2d_backward_op.register_fake
-    def _(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
+    def _(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to=None):
         return (
             _empty_output(x, 1),
             torch.empty_like(weight, memory_format=torch.contiguous_format),
@@ -231,9 +234,10 @@ if TRITON_AVAILABLE:
         )
 
     def _setup_context(ctx, inputs, output):
-        x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride = inputs
+        x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to = inputs
         ctx.save_for_backward(x, weight, bias, base_scale, wavelet_weight, wavelet_scale)
         ctx.stride = stride
+        ctx.round_to = round_to
         ctx.has_bias = bias is not None
 
     def _autograd_of(backward_op):
@@ -242,9 +246,9 @@ if TRITON_AVAILABLE:
         def backward(ctx, dy):
             x, weight, bias, base_scale, wavelet_weight, wavelet_scale = ctx.saved_tensors
             dx, dw, db, dbs, dww, dws = backward_op(
-                dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, ctx.stride
+                dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, ctx.stride, ctx.round_to
             )
-            return dx, dw, (db if ctx.has_bias else None), dbs, dww, dws, None
+            return dx, dw, (db if ctx.has_bias else None), dbs, dww, dws, None, None
 
         return backward
 
@@ -252,14 +256,14 @@ if TRITON_AVAILABLE:
 
     # The same two ops as triton_ops (torch >= 2.6): torch.compile traces their bodies, so Inductor's generated code
     # launches the kernels itself (no Python per layer call). Their launch parameters are plain ints taken from the
-    # sizes, so they serve static shapes; dynamic shapes go to the opaque custom ops above. Opt-in
-    # (WTCONVNEXT_TRITON_OP=1, read at import): on the H200 (session 30, torch 2.11, triton 3.6) a compiled layer
-    # on them gave results that differ from eager by 30-76 % (relative norm, fp32 and bf16, under Inductor and under
-    # aot_eager, with or without ttir_memo), while the opaque ops gave eager's bits, with and without CUDA graphs.
-    # The likely cause, one buffer in two written arguments of a launch (triton_kernels._analyse), is mended but not
-    # yet checked on a GPU (benchmarks/compiled_parity.py). Registered either way (tests and benchmarks call them).
+    # sizes, so they serve static shapes; dynamic shapes go to the opaque custom ops above. The default for static
+    # sizes on a GPU since session 35; WTCONVNEXT_TRITON_OP=0 (read at import) keeps every compile on the opaque ops.
+    # Session 30 found this path's compiled results wrong on the H200 (one buffer in two written arguments of a
+    # launch, mended in triton_kernels._analyse); session 35 measured it bitwise eager's on an H100
+    # (benchmarks/compiled_parity.py: bf16 and fp32, with and without CUDA graphs).
+    # Registered either way (tests and benchmarks call them).
     TRITON_OP_AVAILABLE = hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
-    TRITON_OP = TRITON_OP_AVAILABLE and os.environ.get("WTCONVNEXT_TRITON_OP", "0") == "1"
+    TRITON_OP = TRITON_OP_AVAILABLE and os.environ.get("WTCONVNEXT_TRITON_OP", "1") != "0"
     if TRITON_OP_AVAILABLE:
         from . import ttir_memo
         from .triton_kernels import traced_launches
@@ -275,11 +279,13 @@ if TRITON_AVAILABLE:
             wavelet_weight: Tensor,
             wavelet_scale: Tensor,
             stride: int,
+            round_to: Optional[torch.dtype] = None,
         ) -> Tensor:
             if _symbolic(x):  # dynamic sizes (see traced_op_applies): the opaque op keeps them symbolic
-                return _wtconv2d_op(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+                return _wtconv2d_op(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)
             with traced_launches():
-                return _forward_impl(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)[0]
+                return _forward_impl(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride,
+                                     round_to)[0]
 
         @torch.library.triton_op("wtconvnext::wtconv2d_traced_backward", mutates_args=())
         def _wtconv2d_traced_backward_op(
@@ -291,11 +297,14 @@ if TRITON_AVAILABLE:
             wavelet_weight: Tensor,
             wavelet_scale: Tensor,
             stride: int,
+            round_to: Optional[torch.dtype] = None,
         ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
             if _symbolic(x):
-                return _wtconv2d_backward_op(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+                return _wtconv2d_backward_op(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride,
+                                             round_to)
             with traced_launches():
-                return _refolded_backward(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+                return _refolded_backward(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride,
+                                          round_to)
 
         _wtconv2d_traced_op.register_autograd(
             _autograd_of(_wtconv2d_traced_backward_op), setup_context=_setup_context
@@ -335,7 +344,7 @@ def _symbolic(x: Tensor) -> bool:
 
 def traced_op_applies(x: Tensor) -> bool:
     """Whether a compiled WTConv of ``x`` takes the ``triton_op`` path (Inductor launches the kernels): a CUDA
-    tensor of static sizes, on a torch with ``triton_op``, with WTCONVNEXT_TRITON_OP=1 (opt-in), and not under
+    tensor of static sizes, on a torch with ``triton_op``, unless WTCONVNEXT_TRITON_OP=0, and not under
     ``torch.export`` (which keeps the one opaque op). Under Dynamo, symbolic sizes pass this test (see
     :func:`_symbolic`): the traced ops then hand them to the opaque ops themselves."""
     return (TRITON_AVAILABLE and TRITON_OP and x.is_cuda and not _symbolic(x) and not _exporting())
@@ -353,8 +362,9 @@ def wtconv2d_triton(
     """Fused Triton WTConv (arguments as :func:`wtconvnext.ops.wtconv2d`, which checks them).
 
     Under autocast, x and every parameter are cast to the autocast dtype first, as a convolution does; the kernels
-    accumulate in fp32 and store in that dtype. (In eager mode the parameters are rounded inside the weight-folding
-    and gradient kernels instead, with the same result: ten cast passes and their autograd nodes less per layer.)
+    accumulate in fp32 and store in that dtype. (The parameters are rounded inside the weight-folding and gradient
+    kernels instead, eager and compiled, with the same result: ten cast kernels, and in eager mode their autograd
+    nodes, less per layer.)
     """
     if not TRITON_AVAILABLE:
         raise RuntimeError("the 'triton' WTConv backend needs the triton package, which is not installed")
@@ -364,14 +374,12 @@ def wtconv2d_triton(
         round_to = torch.get_autocast_dtype(device_type)
         x = x.to(round_to)
     if torch.compiler.is_compiling():
-        if round_to is not None:  # the compiler fuses these casts
-            weight, base_scale = weight.to(round_to), base_scale.to(round_to)
-            bias = bias.to(round_to) if bias is not None else None
-            wavelet_weight, wavelet_scale = wavelet_weight.to(round_to), wavelet_scale.to(round_to)
         # Static sizes (plain ints while tracing) on a GPU: the traced ops, whose kernels Inductor launches. (The
-        # interpreter's CPU kernels cannot be traced.)
+        # interpreter's CPU kernels cannot be traced.) The parameters go in as they are, with the autocast dtype:
+        # the kernels round them (and their gradients) as the casts would, where Inductor would launch a cast
+        # kernel for each of the five parameters and each of their gradients (it does not fuse them into ours).
         op = _wtconv2d_traced_op if traced_op_applies(x) else _wtconv2d_op
-        return op(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+        return op(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)
     if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (
             x, weight, bias, base_scale, wavelet_weight, wavelet_scale))):
         # Inference (no_grad, inference_mode, or nothing needs a gradient): the forward alone, without the autograd
