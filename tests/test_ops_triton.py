@@ -252,8 +252,9 @@ def test_opcheck_and_compile():
         torch.testing.assert_close(a.grad, b)
 
 
-def test_traced_op_runs_the_same_kernels():
-    """The triton_op pair that compiled code on a GPU uses, run eagerly: bitwise the result of the eager path."""
+def test_traced_op_runs_the_same_kernels(monkeypatch):
+    """The triton_op pair that compiled code on a GPU uses, run eagerly: bitwise the result of the eager path; the
+    backward takes the forward's folded kernels (one fold in all)."""
     from wtconvnext.ops import wtconv_triton
 
     assert wtconv_triton.TRITON_OP_AVAILABLE, "torch >= 2.6 (pyproject) has torch.library.triton_op and wrap_triton"
@@ -264,8 +265,12 @@ def test_traced_op_runs_the_same_kernels():
     eager, dy = _run(x, params, 1, "triton")
     xt = x.clone().requires_grad_()
     ps = [p.clone().requires_grad_() for p in params]
-    y = torch.ops.wtconvnext.wtconv2d_traced(xt, *ps, 1)
+    folds = []
+    fold = wtconv_triton.folded_weights
+    monkeypatch.setattr(wtconv_triton, "folded_weights", lambda *a: folds.append(1) or fold(*a))
+    y = torch.ops.wtconvnext.wtconv2d_traced(xt, *ps, 1)[0]  # (y, the folded kernels)
     (y * dy).sum().backward()
+    assert len(folds) == 1
     for name, a, b in zip(NAMES, [y, xt.grad, *[p.grad for p in ps]], eager):
         assert torch.equal(a, b), name
 
@@ -648,7 +653,7 @@ def test_traced_op_hands_symbolic_sizes_to_the_opaque_op(backend):
     assert wtconv_triton.TRITON_OP_AVAILABLE, "torch >= 2.6 (pyproject) has torch.library.triton_op and wrap_triton"
     params = [p.requires_grad_() for p in _params(1, 3, 1, True, torch.float32)]
     counter = CompileCounterWithBackend(backend)
-    op = torch.compile(lambda x: torch.ops.wtconvnext.wtconv2d_traced(x, *params, 1), dynamic=True, fullgraph=True,
+    op = torch.compile(lambda x: torch.ops.wtconvnext.wtconv2d_traced(x, *params, 1)[0], dynamic=True, fullgraph=True,
                        backend=counter)
     # Sizes apart from 0, 1 (specialised) and the parameters' (duck sizing would tie them to those).
     # Against the float64 reference, to the op's fp32 contract (a max-normalised 1e-5: elementwise, the weight

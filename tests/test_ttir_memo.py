@@ -69,7 +69,7 @@ def _trace_checks() -> dict:
 
     class Fwd(torch.nn.Module):
         def forward(self, *a):
-            return (torch.ops.wtconvnext.wtconv2d_traced(*a, 1),)
+            return torch.ops.wtconvnext.wtconv2d_traced(*a, 1)
 
     class Bwd(torch.nn.Module):
         def forward(self, dy, *a):

@@ -270,6 +270,8 @@ if TRITON_AVAILABLE:
 
         ttir_memo.install()  # else every launch site re-generates its kernel's TTIR: minutes of compile per model
 
+        # The traced forward also returns the folded kernels (non-differentiable), which its autograd saves for the
+        # traced backward: no refold there (a launch and three allocations per layer call less).
         @torch.library.triton_op("wtconvnext::wtconv2d_traced", mutates_args=())
         def _wtconv2d_traced_op(
             x: Tensor,
@@ -280,12 +282,14 @@ if TRITON_AVAILABLE:
             wavelet_scale: Tensor,
             stride: int,
             round_to: Optional[torch.dtype] = None,
-        ) -> Tensor:
+        ) -> tuple[Tensor, Tensor, Tensor]:
             if _symbolic(x):  # dynamic sizes (see traced_op_applies): the opaque op keeps them symbolic
-                return _wtconv2d_op(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)
+                y = _wtconv2d_op(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)
+                # The opaque backward op, which the traced one hands symbolic sizes to, refolds: no kernels kept.
+                return y, weight.new_empty((0,)), weight.new_empty((0,))
             with traced_launches():
                 return _forward_impl(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride,
-                                     round_to)[0]
+                                     round_to)[:3]
 
         @torch.library.triton_op("wtconvnext::wtconv2d_traced_backward", mutates_args=())
         def _wtconv2d_traced_backward_op(
@@ -298,17 +302,31 @@ if TRITON_AVAILABLE:
             wavelet_scale: Tensor,
             stride: int,
             round_to: Optional[torch.dtype] = None,
+            base_w: Optional[Tensor] = None,
+            level_w: Optional[Tensor] = None,
         ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+            """The backward; ``base_w`` / ``level_w``: the forward's folded kernels, or None (folded here)."""
             if _symbolic(x):
                 return _wtconv2d_backward_op(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride,
                                              round_to)
             with traced_launches():
-                return _refolded_backward(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride,
-                                          round_to)
+                return _backward_impl(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, base_w,
+                                      level_w, round_to)
 
-        _wtconv2d_traced_op.register_autograd(
-            _autograd_of(_wtconv2d_traced_backward_op), setup_context=_setup_context
-        )
+        def _traced_setup_context(ctx, inputs, output):
+            _setup_context(ctx, inputs, output)
+            ctx.folded = output[1:]
+            ctx.mark_non_differentiable(*output[1:])
+            ctx.set_materialize_grads(False)  # no zero gradients made for the folded kernels
+
+        def _traced_backward(ctx, dy, *_):
+            x, weight, bias, base_scale, wavelet_weight, wavelet_scale = ctx.saved_tensors
+            dx, dw, db, dbs, dww, dws = _wtconv2d_traced_backward_op(
+                dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, ctx.stride, ctx.round_to, *ctx.folded
+            )
+            return dx, dw, (db if ctx.has_bias else None), dbs, dww, dws, None, None
+
+        _wtconv2d_traced_op.register_autograd(_traced_backward, setup_context=_traced_setup_context)
 
     class _WTConvFunction(torch.autograd.Function):
         """Eager-mode autograd: the same implementation as the custom ops, without their dispatch."""
@@ -378,8 +396,9 @@ def wtconv2d_triton(
         # interpreter's CPU kernels cannot be traced.) The parameters go in as they are, with the autocast dtype:
         # the kernels round them (and their gradients) as the casts would, where Inductor would launch a cast
         # kernel for each of the five parameters and each of their gradients (it does not fuse them into ours).
-        op = _wtconv2d_traced_op if traced_op_applies(x) else _wtconv2d_op
-        return op(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)
+        if traced_op_applies(x):
+            return _wtconv2d_traced_op(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)[0]
+        return _wtconv2d_op(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)
     if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (
             x, weight, bias, base_scale, wavelet_weight, wavelet_scale))):
         # Inference (no_grad, inference_mode, or nothing needs a gradient): the forward alone, without the autograd
