@@ -1,7 +1,8 @@
 """Per-kernel CUDA time of one model training step (AdamW, bf16 AMP, channels_last), eager or compiled.
 
-For finding where a model's step goes: the kernels by CUDA time, grouped by name, with the count per step, the
-wall time per step without the profiler, and (compiled) dynamo's graph and graph-break counts.
+For finding where a model's step goes: the kernels by CUDA time, grouped by name, with the count per step (and
+the launches per step in all: a compiled step whose kernels take less than its wall time waits on the host's
+launches), the wall time per step without the profiler, and (compiled) dynamo's graph and graph-break counts.
 
     python benchmarks/profile_model.py --model wtconvnext_tiny [--compile] [--batch 128] [--fp32]
 
@@ -57,7 +58,8 @@ def main(argv=None) -> int:
           f"(no profiler); CUDA time per step by kernel")
     for t, n, k in rows[: args.rows]:
         print(f"{t:8.3f} ms  x{n:<6.1f} {k[:110]}")
-    print(f"{sum(r[0] for r in rows):8.3f} ms  all kernels ({len(rows)} names)")
+    print(f"{sum(r[0] for r in rows):8.3f} ms  all kernels ({len(rows)} names, {sum(r[1] for r in rows):.0f} launches "
+          "and memsets per step)")
     if args.compile:
         from torch._dynamo.utils import counters
 

@@ -3,7 +3,7 @@
 #   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [layer] [profile] [compiled] [pmodel]
 #                          [graphs] [host] [launch] [pair] [pgrad] [eager] [warm] [parity] [patch] [cmodel]
 #                          [sizes] [dense] [trainbench] [cold]
-# TCACHE=DIR: Triton's compiled kernels are unpacked from DIR first and packed into OUTDIR last
+# TCACHE=DIR: Triton's compiled kernels and Inductor's cache are unpacked from DIR first and packed into OUTDIR last
 # (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles. The parts (binaries only,
 # 15 MiB each) must come back as files of their own: with $OUT set (the device machine) they are copied there, beside
 # the results' tarball (which should leave them out); here, put them into an ignored folder (e.g. .tcache) to carry.
@@ -37,7 +37,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 if [[ -n "${TCACHE:-}" ]]; then
   bash scripts/triton_cache.sh unpack "$TCACHE"
   # On the device machine ($OUT set) the parts are also copied there: files of their own, as the return needs.
-  trap 'bash scripts/triton_cache.sh pack "$out" && if [[ -n "${OUT:-}" ]]; then cp "$out"/triton_cache.tgz.part* "$OUT"/; fi' EXIT
+  trap 'bash scripts/triton_cache.sh pack "$out" && if [[ -n "${OUT:-}" ]]; then cp "$out"/triton_cache.tgz.part* "$out"/inductor.tgz.part* "$OUT"/ 2>/dev/null; fi' EXIT
 fi
 more="synthesising or wgrad_rows or compile_fullgraph or one_launch or ttir or small_maps or launch_plan or replay or graph_mode or compiled_static or compile_once_in_the_pool"
 if [[ "$what" == *warm* ]]; then
