@@ -109,6 +109,56 @@ def _trace_checks() -> dict:
     }
 
 
+def _graph_checks() -> dict:
+    """What the traced ops put into a compiled graph under autocast (fp32 parameters, bf16 input): the forward with
+    the autocast dtype, the backward with the forward's folded kernels."""
+    import torch
+    from torch._functorch.aot_autograd import aot_export_module
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from wtconvnext.layers import WTConv2d
+
+    layer = WTConv2d(64, 64, kernel_size=5, wt_levels=3)
+
+    class Fwd(torch.nn.Module):
+        def forward(self, *a):
+            return torch.ops.wtconvnext.wtconv2d_traced(*a, 1, torch.bfloat16)
+
+    class Bwd(torch.nn.Module):
+        def forward(self, dy, x, *a):
+            *params, base_w, level_w = a
+            return torch.ops.wtconvnext.wtconv2d_traced_backward(dy, x, *params, 1, torch.bfloat16, base_w, level_w)
+
+    with FakeTensorMode():
+        x = torch.empty(2, 64, 20, 20, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+        params = tuple(torch.empty(p.shape, device="cuda") for p in layer.parameters())
+        fwd = aot_export_module(Fwd(), (x,) + params, trace_joint=False)[0]
+        y, base_w, level_w = Fwd()(x, *params)
+        bwd = aot_export_module(Bwd(), (x, x) + params + (base_w, level_w), trace_joint=False)[0]
+
+    def targets(gm) -> list:
+        return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+    def kernels(gm) -> list:
+        return [n.kwargs["kernel_idx"] for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+
+    def channels_last_empties(gm) -> int:
+        return sum(n.kwargs.get("memory_format") == torch.channels_last for n in gm.graph.nodes
+                   if n.op == "call_function")
+
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    names = {g: [kernel_side_table.get_kernel(i).fn.__name__ for i in kernels(gm)] for g, gm in (("fwd", fwd),
+                                                                                              ("bwd", bwd))}
+    return {
+        "casts": sum("convert_element_type" in t or "_to_copy" in t for g in (fwd, bwd) for t in targets(g)),
+        "permutes": sum("permute" in t for g in (fwd, bwd) for t in targets(g)),
+        "channels_last_empties": channels_last_empties(fwd) + channels_last_empties(bwd),
+        "fwd_kernels": names["fwd"],
+        "bwd_kernels": names["bwd"],
+    }
+
+
 @pytest.fixture(scope="module")
 def checks() -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -133,6 +183,17 @@ def test_compiled_graph_is_the_same_with_the_memo_and_analysed_once(checks):
     assert t["warm_misses"] == 0 and t["warm_hits"] >= t["kernels"], t
 
 
+def test_traced_graph_casts_nothing_and_allocates_outputs_strided(checks):
+    """Under autocast the parameters enter the kernels uncast (the kernels round them and their gradients: Inductor
+    would launch a cast kernel for each); the channels-last outputs are strided allocations, not an empty plus a
+    permuted view (Inductor materialised such a view by copying NaN into it, a full-size write per output, on the
+    H100 in session 35); the backward takes the forward's folded kernels instead of folding again."""
+    g = checks["graph"]
+    assert g["casts"] == 0 and g["permutes"] == 0 and g["channels_last_empties"] == 0, g
+    assert g["fwd_kernels"][0] == "_fold_kernel" and "_fold_kernel" not in g["bwd_kernels"], g
+    assert "_param_grads_kernel" in g["bwd_kernels"], g
+
+
 if __name__ == "__main__":
     import torch
 
@@ -148,4 +209,4 @@ if __name__ == "__main__":
                 return 0
 
         rt.driver.set_active(_Sm90())
-    print(json.dumps({"keys": _key_checks(), "trace": _trace_checks()}))
+    print(json.dumps({"keys": _key_checks(), "trace": _trace_checks(), "graph": _graph_checks()}))
