@@ -131,9 +131,10 @@ if [[ "$what" == *pgrad* ]]; then
       ${t:+--tuning ${t//,/ }}
   done
 fi
-# Does a compiled layer give eager's results, on each op path and compile mode (compiled_parity.py: about 3 minutes)?
+# Does a compiled layer give eager's results, on each op path, compile mode and dtype (compiled_parity.py: about 3
+# minutes for 8 cases)? PARITY_ARGS: e.g. "--paths traced" (the default path's 6 cases only).
 if [[ "$what" == *parity* ]]; then
-  step 330 parity.txt "$py" benchmarks/compiled_parity.py --out "$out/parity.json"
+  step 330 parity.txt "$py" benchmarks/compiled_parity.py ${PARITY_ARGS:-} --out "$out/parity.json"
 fi
 # The patch kernels' launch shapes (analysis / synthesis: at 56 x 56 the analysis took 0.248 ms of 1.340, about 2x
 # its memory floor, session 29): CUDA time per kernel at stages 1-2 for each variant against the defaults, in one
