@@ -39,7 +39,7 @@ if [[ -n "${TCACHE:-}" ]]; then
   # On the device machine ($OUT set) the parts are also copied there: files of their own, as the return needs.
   trap 'bash scripts/triton_cache.sh pack "$out" && if [[ -n "${OUT:-}" ]]; then cp "$out"/triton_cache.tgz.part* "$out"/inductor.tgz.part* "$OUT"/ 2>/dev/null; fi' EXIT
 fi
-more="synthesising or wgrad_rows or compile_fullgraph or one_launch or ttir or small_maps or launch_plan or replay or graph_mode or compiled_static or compile_once_in_the_pool"
+more="traced_op or compiled_ or synthesising or wgrad_rows or compile_fullgraph or one_launch or ttir or small_maps or launch_plan or replay or graph_mode or compiled_static or compile_once_in_the_pool"
 if [[ "$what" == *warm* ]]; then
   # Compile the layer's kernel specialisations for the steps below in parallel processes (warm_kernels.py): one
   # process compiling them one after another spent the steps' time limits (session 22). In the background, beside
