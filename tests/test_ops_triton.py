@@ -236,6 +236,13 @@ def test_opcheck_and_compile():
         torch.library.opcheck(torch.ops.wtconvnext.wtconv2d_backward.default,
                               (dy, xf, *[p.detach() for p in params], stride),
                               test_utils=("test_schema", "test_faketensor"))
+    # Compiled under autocast: a bf16 input, the float32 parameters and the dtype they are rounded to.
+    xb, dyb = x.detach().bfloat16(), torch.randn(1, c, 9, 6, device=DEVICE, dtype=torch.bfloat16)
+    torch.library.opcheck(torch.ops.wtconvnext.wtconv2d.default, (xb.requires_grad_(), *ps, 1, torch.bfloat16),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    torch.library.opcheck(torch.ops.wtconvnext.wtconv2d_backward.default,
+                          (dyb, xb.detach(), *[p.detach() for p in params], 1, torch.bfloat16),
+                          test_utils=("test_schema", "test_faketensor"))
 
     layer = WTConv2d(c, c, k, wt_levels=levels, backend="triton").to(DEVICE)
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
