@@ -239,14 +239,15 @@ if TRITON_AVAILABLE:
         ctx.stride = stride
         ctx.round_to = round_to
         ctx.has_bias = bias is not None
+        ctx.folded = ()  # the traced op's forward kernels, handed to its backward (see _traced_setup_context)
 
     def _autograd_of(backward_op):
         """The autograd formula of a forward op whose backward is ``backward_op``."""
 
-        def backward(ctx, dy):
+        def backward(ctx, dy, *_):  # *_: no gradients flow to the traced op's folded-kernel outputs
             x, weight, bias, base_scale, wavelet_weight, wavelet_scale = ctx.saved_tensors
             dx, dw, db, dbs, dww, dws = backward_op(
-                dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, ctx.stride, ctx.round_to
+                dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, ctx.stride, ctx.round_to, *ctx.folded
             )
             return dx, dw, (db if ctx.has_bias else None), dbs, dww, dws, None, None
 
@@ -319,14 +320,8 @@ if TRITON_AVAILABLE:
             ctx.mark_non_differentiable(*output[1:])
             ctx.set_materialize_grads(False)  # no zero gradients made for the folded kernels
 
-        def _traced_backward(ctx, dy, *_):
-            x, weight, bias, base_scale, wavelet_weight, wavelet_scale = ctx.saved_tensors
-            dx, dw, db, dbs, dww, dws = _wtconv2d_traced_backward_op(
-                dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, ctx.stride, ctx.round_to, *ctx.folded
-            )
-            return dx, dw, (db if ctx.has_bias else None), dbs, dww, dws, None, None
-
-        _wtconv2d_traced_op.register_autograd(_traced_backward, setup_context=_traced_setup_context)
+        _wtconv2d_traced_op.register_autograd(_autograd_of(_wtconv2d_traced_backward_op),
+                                              setup_context=_traced_setup_context)
 
     class _WTConvFunction(torch.autograd.Function):
         """Eager-mode autograd: the same implementation as the custom ops, without their dispatch."""
