@@ -44,10 +44,11 @@ allocation of the pass is reused in stream order, as before.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -320,6 +321,8 @@ class _Plan:
 
 class _State(threading.local):
     rec: Optional[_Recorder] = None  # a class default: every thread starts with no recording
+    # While a triton_op body is traced (see traced_bases): {id(view): (view, base)} of its channels-last buffers.
+    bases: Optional[dict] = None
 
 
 _STATE = _State()
@@ -374,17 +377,44 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
           memory_format: torch.memory_format = torch.contiguous_format) -> Tensor:
     """``torch.empty`` for a pass's buffers and outputs: a recorded allocation while a plan is being recorded."""
     if memory_format == torch.channels_last and len(shape) == 4:
-        # The same tensor as torch.empty(memory_format=...), made as one strided allocation: traced into a
-        # triton_op's graph, that form decomposes into an empty and a permuted view of it, and Inductor then fills
-        # a copy of the view with NaN (a full-size write and a launch) before the kernel writes it.
-        _, c, h, w = shape
-        t = torch.empty_strided(shape, (h * w * c, 1, w * c, c), dtype=dtype, device=device)
+        b, c, h, w = shape
+        if _STATE.bases is not None:
+            # Traced: an NHWC aten.empty, which the kernels write themselves (see base_of), and its NCHW view.
+            # Inductor clones a buffer before a kernel writes it unless that buffer is an allocation that nothing
+            # else uses: torch 2.11's graph CSE merges equal empty_strided calls (three layers' outputs became one
+            # buffer copied three times, session 36), and a permuted view written by a kernel is copied (session 35).
+            base = torch.empty((b, h, w, c), dtype=dtype, device=device)
+            t = base.permute(0, 3, 1, 2)
+            _STATE.bases[id(t)] = (t, base)
+        else:
+            # One strided allocation: a base, where empty(memory_format=...) is an empty and a permuted view.
+            t = torch.empty_strided(shape, (h * w * c, 1, w * c, c), dtype=dtype, device=device)
     else:
         t = torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format)
     rec = _STATE.rec
     if rec is not None:
         rec.alloc(t, tuple(shape), dtype, memory_format)
     return t
+
+
+@contextlib.contextmanager
+def traced_bases() -> Iterator[None]:
+    """Inside, channels-last buffers from ``empty`` are views of NHWC allocations, which ``base_of`` gives the
+    kernels in their place (a triton_op body traced by torch.compile)."""
+    was = _STATE.bases
+    _STATE.bases = {}
+    try:
+        yield
+    finally:
+        _STATE.bases = was
+
+
+def base_of(t: Tensor) -> Tensor:
+    """The allocation that ``empty`` made ``t`` a view of inside ``traced_bases`` (same first element, so the same
+    pointer for a kernel), else ``t``."""
+    bases = _STATE.bases
+    hit = bases.get(id(t)) if bases else None
+    return hit[1] if hit is not None and hit[0] is t else t
 
 
 def view(base: Tensor, shape: tuple[int, ...], stride: tuple[int, ...]) -> Tensor:

@@ -1003,7 +1003,8 @@ def traced_launches() -> Iterator[None]:
     was = _TRACED.on
     _TRACED.on = True
     try:
-        yield
+        with _plan.traced_bases():
+            yield
     finally:
         _TRACED.on = was
 
@@ -1015,6 +1016,8 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
     if _TRACED.on:
         from torch.library import wrap_triton
 
+        # The channels-last buffers' allocations rather than their views (launch_plan.empty says why).
+        args = tuple(_plan.base_of(a) if isinstance(a, torch.Tensor) else a for a in args)
         wrap_triton(fn)[grid](*args, **consts, num_warps=warps)
         return
     if _COLLECT.launches is not None:
