@@ -156,6 +156,11 @@ if [[ "$what" == *cmodel* ]]; then
   step 480 model_compiled.txt "$py" benchmarks/bench_model.py --sizes tiny --compiled-only --compile-amp-only \
     --multiscale --out "$out/model_compiled.json"
 fi
+# What the compiled graphs launch (Inductor's generated wrappers in its cache): by kernel, and the fills of
+# uninitialised buffers that Inductor clones before a WTConv kernel writes them (after cmodel, pmodel or graphs).
+if [[ "$what" == *cmodel* || "$what" == *pmodel* || "$what" == *graphs* ]]; then
+  step 60 inductor_launches.txt "$py" benchmarks/inductor_launches.py --match _conv_kernel --json "$out/inductor_launches.json"
+fi
 if [[ "$what" == *sizes* ]]; then
   step 400 model_sizes.txt "$py" benchmarks/bench_model.py --sizes small base --no-compile --out "$out/model_sizes.json"
 fi

@@ -245,3 +245,60 @@ def test_compile_ahead_cpu_lists_a_training_steps_specialisations(tmp_path: Path
     res = json.loads(out.read_text())
     assert len(res["rows"]) == 6 and len(compiled) == 12  # each once in series, once in the pool
     assert res["best"]["series_s"] >= 0 and res["best"]["threads"] == 2
+
+
+_WRAPPER = """
+@triton.jit
+def triton_poi_fused_0(out_ptr0, xnumel, XBLOCK : tl.constexpr):
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:]
+    xmask = tl.full([XBLOCK], True, tl.int1)[:]
+    tmp0 = tl.full([1], float("nan"), tl.float32)
+    tl.store(out_ptr0 + (xindex), tmp0, None)
+''', device_str='cuda')
+
+@triton.jit
+def triton_poi_fused__to_copy_1(in_ptr0, out_ptr0, xnumel, XBLOCK : tl.constexpr):
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:]
+    tmp0 = tl.load(in_ptr0 + (xindex), None)
+    tl.store(out_ptr0 + (xindex), tmp0, None)
+''', device_str='cuda')
+
+def partition_0(args):
+    triton_poi_fused_0.run(buf1, 64, stream=stream0)
+    _conv_kernel_2.run(buf0, buf1, 8, stream=stream0)
+    triton_poi_fused_0.run(buf2, 64, stream=stream0)
+    buf3 = extern_kernels.mm(buf1, buf2)
+    triton_poi_fused__to_copy_1.run(buf3, buf4, 64, stream=stream0)
+    return (buf4, )
+
+async_compile.wait(globals())
+
+class Runner:
+    def call(self, args):
+        _conv_kernel_2.run(buf0, buf1, 8, stream=stream0)
+        return self.partitions[0](args)
+
+def get_args():
+    triton_poi_fused_0.run(buf9, 64, stream=stream0)
+"""
+
+
+def test_inductor_launches_counts_a_wrappers_launches_and_fills(tmp_path: Path, capsys) -> None:
+    """Launches are counted in ``call`` and the graph partitions it runs, not in the benchmark harness below them;
+    a kernel that stores NaN and loads nothing is a fill (Inductor cloning an uninitialised buffer), a copy is not."""
+    from benchmarks import inductor_launches
+
+    (tmp_path / "ab").mkdir()
+    (tmp_path / "ab" / "cabc.py").write_text(_WRAPPER)
+    (tmp_path / "ab" / "cnone.py").write_text("x = 1\n")
+    out = tmp_path / "launches.json"
+    assert inductor_launches.main([str(tmp_path), "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert len(rows) == 1, rows
+    r = rows[0]
+    assert r["launches"] == 5 and r["user_launches"] == 2 and r["extern_calls"] == 1, r
+    assert r["fill_launches"] == {"nan": 2}, r
+    assert r["by_kernel"]["triton_poi_fused"] == 2 and r["by_kernel"]["_conv_kernel"] == 2, r
+    assert "fills: 2 of nan" in capsys.readouterr().out
+    assert inductor_launches.main([str(tmp_path), "--match", "nothing-has-this"]) == 0
+    assert inductor_launches.main([str(tmp_path / "missing")]) == 2
