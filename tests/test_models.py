@@ -562,3 +562,24 @@ def test_conv_mlp_is_the_same_function() -> None:
         timm.create_model("test_wtconvnext", norm_layer="batchnorm")
     with pytest.raises(ValueError, match="stem_type"):
         timm.create_model("test_wtconvnext", stem_type="conv7")
+
+
+@pytest.mark.parametrize("use_grn", [False, True])
+def test_block_norm_and_mlp_see_rows(use_grn: bool) -> None:
+    """The block's norm and MLP run on the (B, H*W, C) view of the NHWC map: compiled, Inductor lays 4-D tensors of
+    a graph with convolutions out channels-last, the norm's saved (B, H, W, 1) statistics included, which made it a
+    looped reduction (session 36). GRN needs the spatial dims and keeps (B, H, W, C). Either way the same bits as
+    timm's ConvNeXtBlock formulation over (B, H, W, C)."""
+    from wtconvnext.models.wtconvnext import WTConvNeXtBlock
+
+    torch.manual_seed(0)
+    blk = WTConvNeXtBlock(16, kernel_size=3, wt_levels=2, use_grn=use_grn, ls_init_value=0.5,
+                          wtconv_backend="reference")
+    seen = []
+    blk.norm.register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape)))
+    x = torch.randn(2, 16, 9, 7)
+    y = blk(x)
+    assert seen == [(2, 9, 7, 16) if use_grn else (2, 63, 16)]
+    t = blk.conv_dw(x).permute(0, 2, 3, 1)
+    ref = (blk.mlp(blk.norm(t)) * blk.gamma).permute(0, 3, 1, 2) + x
+    assert torch.equal(y, ref)

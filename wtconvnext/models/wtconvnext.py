@@ -143,6 +143,8 @@ class WTConvNeXtBlock(nn.Module):
             norm_layer = LayerNorm2d if conv_mlp else LayerNorm
         mlp_layer = GlobalResponseNormMlp if use_grn else Mlp
         self.use_conv_mlp = conv_mlp
+        # Norm and MLP over (B, H*W, C) rows (see forward); GRN needs the map's two spatial dims.
+        self.rows = not conv_mlp and not use_grn
         self.norm = norm_layer(dim, **dd)
         self.mlp = mlp_layer(dim, int(mlp_ratio * dim), act_layer=get_act_layer(act_layer), use_conv=conv_mlp, **dd)
         self.gamma = nn.Parameter(torch.full((dim,), ls_init_value, **dd)) if ls_init_value is not None else None
@@ -156,10 +158,14 @@ class WTConvNeXtBlock(nn.Module):
             if self.gamma is not None:
                 x = x * self.gamma.reshape(1, -1, 1, 1)
         else:
-            x = self.mlp(self.norm(x.permute(0, 2, 3, 1)))
+            # Norm and MLP over the (B, H*W, C) view of NHWC rather than (B, H, W, C): the same rows, but compiled
+            # with convolutions in the graph, Inductor gives 4-D intermediates channels-last strides, the norm's
+            # saved (B, H, W, 1) statistics too, and their strided stores make the norm a looped reduction.
+            y = x.permute(0, 2, 3, 1)
+            x = self.mlp(self.norm(y.flatten(1, 2) if self.rows else y))
             if self.gamma is not None:
-                x = x * self.gamma  # NHWC: broadcasts over the channel (last) dim
-            x = x.permute(0, 3, 1, 2)
+                x = x * self.gamma  # broadcasts over the channel (last) dim
+            x = x.view_as(y).permute(0, 3, 1, 2)
         return self.drop_path(x) + shortcut
 
 
