@@ -157,7 +157,9 @@ def _graph_checks() -> dict:
                 src = n.kwargs["kwargs"][name]
                 while src.target is operator.getitem and "triton_kernel_wrapper" in str(src.args[0].target):
                     src = src.args[0].kwargs["kwargs"][src.args[1]]
-                found.append(str(src.target) if src.op == "call_function" else src.op)
+                val = src.meta["val"]
+                found.append((str(src.target) if src.op == "call_function" else src.op,
+                              val.dim() == 4 and val.numel() >= x.numel()))
         return found
 
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
@@ -168,7 +170,9 @@ def _graph_checks() -> dict:
         "casts": sum("convert_element_type" in t or "_to_copy" in t for g in (fwd, bwd) for t in targets(g)),
         "permutes": sum("permute" in t for g in (fwd, bwd) for t in targets(g)),
         "channels_last_empties": channels_last_empties(fwd) + channels_last_empties(bwd),
-        "written_origins": sorted(set(written_origins(fwd) + written_origins(bwd))),
+        "written_origins": sorted({o for o, _ in written_origins(fwd) + written_origins(bwd)}),
+        # written 4-D maps of at least the layer's size (the gradient of the 4-D weight is small)
+        "written_4d_maps": sum(m for _, m in written_origins(fwd) + written_origins(bwd)),
         "fwd_kernels": names["fwd"],
         "bwd_kernels": names["bwd"],
     }
@@ -200,14 +204,15 @@ def test_compiled_graph_is_the_same_with_the_memo_and_analysed_once(checks):
 
 def test_traced_graph_casts_nothing_and_kernels_write_plain_allocations(checks):
     """Under autocast the parameters enter the kernels uncast (the kernels round them and their gradients: Inductor
-    would launch a cast kernel for each). Every buffer a kernel writes is an ``aten.empty`` (or an earlier kernel's
-    output), never a view and never ``empty_strided``: Inductor clones a written buffer unless it is an allocation
-    with no other use, and a permuted view (session 35) or equal empty_strided calls that torch 2.11's CSE merges
-    (session 36, on the H100) each cost a full-size copy per layer output and input gradient. The backward takes
-    the forward's folded kernels instead of folding again."""
+    would launch a cast kernel for each). Every buffer a kernel writes is a flat or small ``aten.empty`` (or an
+    earlier kernel's output), never a view, never ``empty_strided``, never a 4-D map: Inductor copies into a written
+    buffer that is a permuted view (session 35), equal empty_strided calls that torch 2.11's CSE merges, or a 4-D map
+    its layout optimisation relays channels-last (session 36, on the H100), a full-size copy per layer output or
+    input gradient. The backward takes the forward's folded kernels instead of folding again."""
     g = checks["graph"]
     assert g["casts"] == 0 and g["channels_last_empties"] == 0, g
     assert g["written_origins"] == ["aten.empty.memory_format"], g
+    assert g["written_4d_maps"] == 0, g
     assert g["fwd_kernels"][0] == "_fold_kernel" and "_fold_kernel" not in g["bwd_kernels"], g
     assert "_param_grads_kernel" in g["bwd_kernels"], g
 

@@ -379,12 +379,15 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
     if memory_format == torch.channels_last and len(shape) == 4:
         b, c, h, w = shape
         if _STATE.bases is not None:
-            # Traced: an NHWC aten.empty, which the kernels write themselves (see base_of), and its NCHW view.
-            # Inductor clones a buffer before a kernel writes it unless that buffer is an allocation that nothing
-            # else uses: torch 2.11's graph CSE merges equal empty_strided calls (three layers' outputs became one
-            # buffer copied three times, session 36), and a permuted view written by a kernel is copied (session 35).
-            base = torch.empty((b, h, w, c), dtype=dtype, device=device)
-            t = base.permute(0, 3, 1, 2)
+            # Traced: a flat aten.empty, which the kernels write themselves (see base_of), and its NCHW view.
+            # Inductor copies into a buffer before a kernel writes it where that buffer is not a plain allocation
+            # with the kernel's layout: a permuted view written by a kernel is cloned (session 35); torch 2.11's
+            # graph CSE merges equal empty_strided calls (three layers' outputs became one buffer copied three
+            # times, session 36); and its layout optimisation relays 4-D tensors upstream of a convolution
+            # channels-last, which for an NHWC (B, H, W, C) allocation is another layout, so the kernel got a
+            # NaN-filled copy (stages 1-3's outputs in a training step, session 36). Flat buffers were never copied.
+            base = torch.empty((b * h * w * c,), dtype=dtype, device=device)
+            t = base.view(b, h, w, c).permute(0, 3, 1, 2)
             _STATE.bases[id(t)] = (t, base)
         else:
             # One strided allocation: a base, where empty(memory_format=...) is an empty and a permuted view.
