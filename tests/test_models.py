@@ -583,3 +583,22 @@ def test_block_norm_and_mlp_see_rows(use_grn: bool) -> None:
     t = blk.conv_dw(x).permute(0, 2, 3, 1)
     ref = (blk.mlp(blk.norm(t)) * blk.gamma).permute(0, 3, 1, 2) + x
     assert torch.equal(y, ref)
+
+
+def test_rows_layernorm2d_is_timms_layernorm2d_on_a_view() -> None:
+    """The stem's, downsamplings' and head's norm: timm's LayerNorm2d (same parameter names, same bits) over the
+    (B, H*W, C) view, for the same reason as the blocks' norms (test_block_norm_and_mlp_see_rows)."""
+    from timm.layers import LayerNorm2d
+
+    from wtconvnext.models.wtconvnext import RowsLayerNorm2d
+
+    torch.manual_seed(0)
+    ours, timms = RowsLayerNorm2d(24), LayerNorm2d(24)
+    with torch.no_grad():
+        ours.weight.normal_(), ours.bias.normal_()
+    timms.load_state_dict(ours.state_dict())
+    for x in (torch.randn(2, 24, 5, 7), torch.randn(2, 24, 5, 7).to(memory_format=torch.channels_last),
+              torch.randn(3, 24, 1, 1)):
+        assert torch.equal(ours(x), timms(x))
+    m = timm.create_model("wtconvnext_atto")
+    assert isinstance(m.stem[1], RowsLayerNorm2d) and isinstance(m.stages[1].downsample[0], RowsLayerNorm2d)

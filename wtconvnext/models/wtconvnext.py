@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import (
@@ -47,6 +48,7 @@ from timm.models import (
     register_model,
     register_notrace_module,
 )
+from timm.layers.fast_norm import fast_layer_norm
 from timm.models._features import feature_take_indices
 
 from ..layers import REFERENCE_ONLY_KEYS, WTConv2d, remap_reference_state_dict
@@ -56,12 +58,29 @@ from ..ops import BACKENDS
 # FX feature extraction (features_only=True, feature_cls="fx") and torchvision's create_feature_extractor work.
 register_notrace_module(WTConv2d)
 
-__all__ = ["WTConvNeXt", "WTConvNeXtBlock", "WTConvNeXtStage", "checkpoint_filter_fn", "unwrap_checkpoint"]
+__all__ = [
+    "RowsLayerNorm2d", "WTConvNeXt", "WTConvNeXtBlock", "WTConvNeXtStage", "checkpoint_filter_fn", "unwrap_checkpoint",
+]
+
+class RowsLayerNorm2d(LayerNorm2d):
+    """timm's ``LayerNorm2d`` (same parameters, same bits), normalising the (B, H*W, C) view of the NHWC map rather
+    than (B, H, W, C): compiled, Inductor's layout optimisation lays 4-D tensors upstream of a convolution out
+    channels-last, the norm's saved (B, H, W, 1) statistics included, and their strided stores make the norm a
+    looped reduction (see ``WTConvNeXtBlock.forward``)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = x.permute(0, 2, 3, 1)
+        if self._fast_norm:
+            z = fast_layer_norm(y.flatten(1, 2), self.normalized_shape, self.weight, self.bias, self.eps)
+        else:
+            z = F.layer_norm(y.flatten(1, 2), self.normalized_shape, self.weight, self.bias, self.eps)
+        return z.view_as(y).permute(0, 3, 1, 2)
+
 
 # timm ConvNeXt's norm names: (channels-first norm for stem / downsample / head, channels-last norm for the blocks)
 _NORM_LAYERS: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {
-    "layernorm": (LayerNorm2d, LayerNorm),
-    "layernorm2d": (LayerNorm2d, LayerNorm),
+    "layernorm": (RowsLayerNorm2d, LayerNorm),
+    "layernorm2d": (RowsLayerNorm2d, LayerNorm),
     "simplenorm": (SimpleNorm2d, SimpleNorm),
     "simplenorm2d": (SimpleNorm2d, SimpleNorm),
     "rmsnorm": (RmsNorm2d, RmsNorm),
@@ -140,7 +159,7 @@ class WTConvNeXtBlock(nn.Module):
             dim, dim, kernel_size=kernel_size, bias=conv_bias, wt_levels=wt_levels, backend=wtconv_backend, **dd
         )
         if norm_layer is None:
-            norm_layer = LayerNorm2d if conv_mlp else LayerNorm
+            norm_layer = RowsLayerNorm2d if conv_mlp else LayerNorm
         mlp_layer = GlobalResponseNormMlp if use_grn else Mlp
         self.use_conv_mlp = conv_mlp
         # Norm and MLP over (B, H*W, C) rows (see forward); GRN needs the map's two spatial dims.
@@ -191,7 +210,7 @@ class WTConvNeXtStage(nn.Module):
         stride: int = 2,
         depth: int = 2,
         drop_path_rates: Optional[list[float]] = None,
-        norm_layer: Callable = LayerNorm2d,
+        norm_layer: Callable = RowsLayerNorm2d,
         norm_layer_cl: Callable = LayerNorm,
         conv_bias: bool = True,
         device: Any = None,
