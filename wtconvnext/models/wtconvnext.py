@@ -40,6 +40,7 @@ from timm.layers import (
     to_ntuple,
     trunc_normal_,
 )
+from timm.layers.fast_norm import fast_layer_norm
 from timm.models import (
     build_model_with_cfg,
     checkpoint_seq,
@@ -48,7 +49,6 @@ from timm.models import (
     register_model,
     register_notrace_module,
 )
-from timm.layers.fast_norm import fast_layer_norm
 from timm.models._features import feature_take_indices
 
 from ..layers import REFERENCE_ONLY_KEYS, WTConv2d, remap_reference_state_dict
@@ -61,6 +61,7 @@ register_notrace_module(WTConv2d)
 __all__ = [
     "RowsLayerNorm2d", "WTConvNeXt", "WTConvNeXtBlock", "WTConvNeXtStage", "checkpoint_filter_fn", "unwrap_checkpoint",
 ]
+
 
 class RowsLayerNorm2d(LayerNorm2d):
     """timm's ``LayerNorm2d`` (same parameters, same bits), normalising the (B, H*W, C) view of the NHWC map rather

@@ -402,7 +402,7 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
 
 @contextlib.contextmanager
 def traced_bases() -> Iterator[None]:
-    """Inside, channels-last buffers from ``empty`` are views of NHWC allocations, which ``base_of`` gives the
+    """Inside, channels-last buffers from ``empty`` are views of flat allocations, which ``base_of`` gives the
     kernels in their place (a triton_op body traced by torch.compile)."""
     was = _STATE.bases
     _STATE.bases = {}
