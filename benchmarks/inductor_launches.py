@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-_LAUNCH = re.compile(r"^\s+(\w+?)(?:_\d+)?\.run\(", re.M)
+_LAUNCH = re.compile(r"^\s+(\w+)\.run\(", re.M)
 _EXTERN = re.compile(r"extern_kernels\.(\w+)\(")
 _KERNEL_DEF = re.compile(r"^def (triton_\w+)\(", re.M)
 
@@ -61,15 +61,15 @@ def _fills(src: str) -> dict[str, str]:
     return found
 
 
-def count(path: Path) -> Optional[dict]:
-    """Launches of one output-code file: totals, by kernel (numbered suffixes merged) and its fills; None if it
-    has no ``call``."""
-    src = path.read_text(errors="ignore")
+def count(path: Path, src: Optional[str] = None) -> Optional[dict]:
+    """Launches of one output-code file (``src``: its text, if already read): totals, by kernel (numbered
+    suffixes merged) and its fills; None if it has no ``call``."""
+    src = path.read_text(errors="ignore") if src is None else src
     body = _call_body(src)
     if body is None:
         return None
-    full = re.findall(r"^\s+(\w+)\.run\(", body, re.M)
-    kernels = collections.Counter(_LAUNCH.findall(body))
+    full = _LAUNCH.findall(body)
+    kernels = collections.Counter(re.sub(r"_\d+$", "", n) for n in full)
     extern = collections.Counter("extern_kernels." + m for m in _EXTERN.findall(body))
     fills = _fills(src)
     fill_launches = collections.Counter(fills[n] for n in full if n in fills)
@@ -101,9 +101,10 @@ def main(argv=None) -> int:
     for p in sorted(root.rglob("*.py"), key=lambda p: p.stat().st_mtime):
         if since is not None and p.stat().st_mtime <= since:
             continue
-        if args.match and args.match not in p.read_text(errors="ignore"):
+        src = p.read_text(errors="ignore")
+        if args.match and args.match not in src:
             continue
-        row = count(p)
+        row = count(p, src)
         if row is not None and row["launches"]:
             rows.append(row)
     for r in rows:

@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -72,12 +73,7 @@ def main(argv=None) -> int:
     print(f"host time to issue a step (idle GPU at its start, median of 10): {_issue_ms(step, x):.2f} ms")
     if args.host_profile:
         prof_host = cProfile.Profile()
-        for _ in range(3):
-            torch.cuda.synchronize()
-            prof_host.enable()
-            step(x)
-            prof_host.disable()
-        torch.cuda.synchronize()
+        _issue_ms(step, x, 3, prof_host)
         print("host functions of issuing 3 steps, by cumulative time:")
         pstats.Stats(prof_host, stream=sys.stdout).sort_stats("cumulative").print_stats(args.host_profile)
     if args.compile:
@@ -88,15 +84,19 @@ def main(argv=None) -> int:
     return 0
 
 
-def _issue_ms(step, x, n: int = 10) -> float:
+def _issue_ms(step, x, n: int = 10, prof: Optional[cProfile.Profile] = None) -> float:
     """Median host time of one ``step(x)`` started on an idle GPU: the time to issue its work, as long as nothing
-    in the step waits on the GPU and its launches fit in the launch queue."""
+    in the step waits on the GPU and its launches fit in the launch queue. ``prof``: profiles the n issues."""
     times = []
     for _ in range(n):
         torch.cuda.synchronize()
+        if prof is not None:
+            prof.enable()
         t0 = time.perf_counter()
         step(x)
         times.append(time.perf_counter() - t0)
+        if prof is not None:
+            prof.disable()
     torch.cuda.synchronize()
     return statistics.median(times) * 1000
 

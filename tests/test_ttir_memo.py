@@ -164,15 +164,15 @@ def _graph_checks() -> dict:
 
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
+    written = written_origins(fwd) + written_origins(bwd)
     names = {g: [kernel_side_table.get_kernel(i).fn.__name__ for i in kernels(gm)] for g, gm in (("fwd", fwd),
                                                                                               ("bwd", bwd))}
     return {
         "casts": sum("convert_element_type" in t or "_to_copy" in t for g in (fwd, bwd) for t in targets(g)),
-        "permutes": sum("permute" in t for g in (fwd, bwd) for t in targets(g)),
         "channels_last_empties": channels_last_empties(fwd) + channels_last_empties(bwd),
-        "written_origins": sorted({o for o, _ in written_origins(fwd) + written_origins(bwd)}),
+        "written_origins": sorted({o for o, _ in written}),
         # written 4-D maps of at least the layer's size (the gradient of the 4-D weight is small)
-        "written_4d_maps": sum(m for _, m in written_origins(fwd) + written_origins(bwd)),
+        "written_4d_maps": sum(m for _, m in written),
         "fwd_kernels": names["fwd"],
         "bwd_kernels": names["bwd"],
     }
