@@ -3,7 +3,8 @@
 Usage (any CUDA GPU)::
 
     python benchmarks/bench_model.py [--out results/model.json] [--no-compile | --compile-amp-only] [--batch 128]
-        [--sizes tiny small base] [--dense] [--multiscale]
+        [--sizes tiny small base] [--dense] [--eager-tasks [train] [infer]]
+        [--eager-amp-only] [--multiscale]
 
 Measures, for each pair: AdamW training step images/s at 224^2 under bf16 autocast and in fp32, eager and (unless
 --no-compile) torch.compile; inference images/s under bf16 autocast and fp32; peak memory of a training step.
@@ -223,6 +224,9 @@ def main(argv=None) -> int:
                     choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
                     help="torch.compile mode for both models")
     ap.add_argument("--dense", action="store_true", help="also features_only at 512^2 B=16 and 1024^2 B=4 (AMP)")
+    ap.add_argument("--eager-tasks", nargs="*", default=["train", "infer"], choices=["train", "infer"],
+                    help="the eager table's tasks (none: e.g. --dense alone, in a time-limited call)")
+    ap.add_argument("--eager-amp-only", action="store_true", help="the eager table under bf16 AMP only (no fp32 rows)")
     ap.add_argument("--multiscale", action="store_true",
                     help="also compiled AMP training at B=16 over 224, 256, 192, 320, 224 px")
     ap.add_argument("--warmup", type=int, default=5)
@@ -263,8 +267,8 @@ def main(argv=None) -> int:
                     case(name, amp, compile_, batch, args.warmup, args.iters, res), res)
 
         if not args.compiled_only:
-            for task in ("train", "infer"):
-                for amp in (True, False):
+            for task in args.eager_tasks:
+                for amp in (True,) if args.eager_amp_only else (True, False):
                     run(task, amp, False)
             if args.dense or args.check:
                 for dres, dbatch in dense:
