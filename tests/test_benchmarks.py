@@ -302,3 +302,11 @@ def test_inductor_launches_counts_a_wrappers_launches_and_fills(tmp_path: Path, 
     assert "fills: 2 of nan" in capsys.readouterr().out
     assert inductor_launches.main([str(tmp_path), "--match", "nothing-has-this"]) == 0
     assert inductor_launches.main([str(tmp_path / "missing")]) == 2
+
+
+def test_small_matrix_prototype_is_the_reference_in_float64() -> None:
+    """Issue 14's operator-matrix prototype: a small map's WTConv as one (H·W)² matrix per channel, built from
+    the reference's term basis, gives the reference's output and all six gradients (odd, non-square, K = 3 / 5)."""
+    from benchmarks import proto_small_matrix
+
+    assert proto_small_matrix.check(shapes=((2, 3, 7, 5, 2), (1, 2, 6, 9, 3))) < 1e-10
