@@ -20,7 +20,10 @@ levels 0.85x):
   deterministic), and the chain rule of the scale folding.
 
 This is the prototype that the design is decided on, not the product: stride 1 only, channels-last maps moved to
-(C, B, n) and back by copies (a fused kernel would load them in place), M rebuilt on every call. The GPU run times
+(C, B, n) and back by copies (a fused kernel would load them in place), M rebuilt on every call. Two variants:
+``wtconv_small_matrix`` (plain autograd, which keeps M and x's copy for the backward) and
+``wtconv_small_matrix_lean`` (saves only x and the parameters, a group of channels at a time: a built-out op's
+memory). The GPU run times
 forward and forward + backward (``triton.testing.do_bench``, median) of today's fused layer, this one (and its
 parts: the build, the layout copies, the products) and cuDNN's depthwise 7x7 / 5x5, channels-last, bf16, and the
 bf16 error of both fused layers against float64 at each shape, and the peak memory of forward + backward (this
@@ -84,15 +87,91 @@ def wtconv_small_matrix(x: Tensor, weight: Tensor, bias: Optional[Tensor], base_
     """WTConv (stride 1) of a small map as per-channel matrix products in x's dtype (fp32 accumulation); output
     channels-last. Differentiable: autograd's backward is the GEMMs of the module docstring."""
     bsz, c, h, w = x.shape
-    levels, k, n = wavelet_weight.shape[0], weight.shape[-1], h * w
-    basis = term_basis(h, w, levels, k, x.dtype, str(x.device))
-    wf = folded_terms(weight, base_scale, wavelet_weight, wavelet_scale).to(x.dtype)
-    m = (wf @ basis.reshape(basis.shape[0], n * n)).reshape(c, n, n)
+    n = h * w
+    basis, wf = _basis_and_terms(x, weight, base_scale, wavelet_weight, wavelet_scale)
+    m = _matrices(wf, basis, n)
     xt = x.permute(1, 0, 2, 3).reshape(c, bsz, n)  # a copy for channels-last x: (C, B, n)
     y = torch.bmm(xt, m.transpose(1, 2)).reshape(c, bsz, h, w).permute(1, 0, 2, 3)
     if bias is not None:
         y = y + (bias * base_scale).to(x.dtype).reshape(1, c, 1, 1)
     return y.contiguous(memory_format=torch.channels_last)
+
+
+class SmallMatrixLean(torch.autograd.Function):
+    """The same layer as :func:`wtconv_small_matrix` with a built-out op's memory: it saves only x and the
+    parameters (the backward rebuilds M and the (C, B, n) copy of x) and works through the channels in groups of
+    ``group``, so that M, dM and the layout copies of a group are all the transient memory there is."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
+                wavelet_scale: Tensor, group: int = 128) -> Tensor:
+        ctx.save_for_backward(x, weight, bias, base_scale, wavelet_weight, wavelet_scale)
+        ctx.group = group
+        bsz, c, h, w = x.shape
+        basis, wf = _basis_and_terms(x, weight, base_scale, wavelet_weight, wavelet_scale)
+        y = torch.empty_like(x, memory_format=torch.channels_last)
+        for c0 in range(0, c, group):
+            c1 = min(c, c0 + group)
+            m = _matrices(wf[c0:c1], basis, h * w)
+            xt = x[:, c0:c1].permute(1, 0, 2, 3).reshape(c1 - c0, bsz, h * w)
+            y[:, c0:c1] = torch.bmm(xt, m.transpose(1, 2)).reshape(c1 - c0, bsz, h, w).permute(1, 0, 2, 3)
+        if bias is not None:
+            y += (bias * base_scale).to(x.dtype).reshape(1, c, 1, 1)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        x, weight, bias, base_scale, wavelet_weight, wavelet_scale = ctx.saved_tensors
+        bsz, c, h, w = x.shape
+        n, group = h * w, ctx.group
+        basis, wf = _basis_and_terms(x, weight, base_scale, wavelet_weight, wavelet_scale)
+        dx = torch.empty_like(x, memory_format=torch.channels_last)
+        acc = torch.promote_types(x.dtype, torch.float32)  # the gradients' arithmetic: fp32 (fp64 for fp64)
+        dwf = torch.empty(c, basis.shape[0], dtype=acc, device=x.device)
+        for c0 in range(0, c, group):
+            c1 = min(c, c0 + group)
+            m = _matrices(wf[c0:c1], basis, n)
+            dyt = dy[:, c0:c1].permute(1, 0, 2, 3).reshape(c1 - c0, bsz, n)
+            dx[:, c0:c1] = torch.bmm(dyt, m).reshape(c1 - c0, bsz, h, w).permute(1, 0, 2, 3)
+            del m
+            xt = x[:, c0:c1].permute(1, 0, 2, 3).reshape(c1 - c0, bsz, n)
+            dm = torch.bmm(dyt.transpose(1, 2), xt)  # (group, p, q), summed over the batch
+            dwf[c0:c1] = dm.reshape(c1 - c0, n * n) @ basis.reshape(-1, n * n).t()
+        # The fold's chain rule (folded_terms): base taps x base_scale, level taps x their scale.
+        kk = weight.shape[-1] ** 2
+        levels = wavelet_weight.shape[0]
+        db_base = dwf[:, :kk]
+        d_lev = dwf[:, kk:].reshape(c, levels, 4, kk).transpose(0, 1)  # (L, C, 4, k²)
+        dsum = dy.to(acc).sum(dim=(0, 2, 3))
+        d_weight = (db_base * base_scale.to(acc)[:, None]).reshape(weight.shape)
+        d_base_scale = (db_base * weight.to(acc).reshape(c, kk)).sum(1)
+        d_bias = None
+        if bias is not None:
+            d_bias = dsum * base_scale.to(acc)
+            d_base_scale = d_base_scale + dsum * bias.to(acc)
+        d_ww = (d_lev * wavelet_scale.to(acc)[..., None]).reshape(wavelet_weight.shape)
+        d_ws = (d_lev * wavelet_weight.to(acc).reshape(levels, c, 4, kk)).sum(-1)
+        cast = lambda g, p: None if g is None else g.to(p.dtype)  # noqa: E731
+        return (dx, cast(d_weight, weight), cast(d_bias, bias), cast(d_base_scale, base_scale),
+                cast(d_ww, wavelet_weight), cast(d_ws, wavelet_scale), None)
+
+
+def _basis_and_terms(x: Tensor, weight: Tensor, base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor
+                     ) -> tuple[Tensor, Tensor]:
+    """(term basis in x's dtype, (C, T) folded terms in x's dtype) of a layer over x's map size."""
+    basis = term_basis(x.shape[2], x.shape[3], wavelet_weight.shape[0], weight.shape[-1], x.dtype, str(x.device))
+    return basis, folded_terms(weight, base_scale, wavelet_weight, wavelet_scale).to(x.dtype)
+
+
+def _matrices(wf: Tensor, basis: Tensor, n: int) -> Tensor:
+    """(C, n, n): each channel's operator, ``wf @ E``."""
+    return (wf @ basis.reshape(basis.shape[0], n * n)).reshape(wf.shape[0], n, n)
+
+
+def wtconv_small_matrix_lean(x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor,
+                             wavelet_weight: Tensor, wavelet_scale: Tensor, group: int = 128) -> Tensor:
+    """:class:`SmallMatrixLean` as a function (stride 1, output channels-last)."""
+    return SmallMatrixLean.apply(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, group)
 
 
 def _params(c: int, levels: int, k: int, dtype: torch.dtype, device: str, g: torch.Generator) -> list[Tensor]:
@@ -111,7 +190,7 @@ def _grads(fn, x: Tensor, params: list[Tensor], dy: Tensor) -> list[Tensor]:
 
 
 def check(shapes=((2, 3, 14, 14, 3), (2, 4, 7, 7, 2), (1, 2, 9, 6, 2), (2, 3, 5, 11, 3), (1, 2, 16, 16, 4))) -> float:
-    """The prototype's output and all six gradients against the reference's in float64 (maximum relative
+    """Both prototypes' output and all six gradients against the reference's in float64 (maximum relative
     difference over every shape, K = 3, 5, 7); raises past 1e-10."""
     g = torch.Generator().manual_seed(0)
     worst = 0.0
@@ -121,12 +200,14 @@ def check(shapes=((2, 3, 14, 14, 3), (2, 4, 7, 7, 2), (1, 2, 9, 6, 2), (2, 3, 5,
             x = torch.randn(b, c, h, w, generator=g, dtype=torch.float64)
             dy = torch.randn(b, c, h, w, generator=g, dtype=torch.float64)
             ref = _grads(wtconv2d_reference, x, params, dy)
-            got = _grads(wtconv_small_matrix, x.contiguous(memory_format=torch.channels_last), params, dy)
-            for name, r, o in zip(("y", "dx", "dw", "db", "dbs", "dww", "dws"), ref, got):
-                err = ((o - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
-                worst = max(worst, err)
-                if err > 1e-10:
-                    raise AssertionError(f"{name} of {(b, c, h, w, levels)} K={k}: relative error {err:.2e}")
+            xcl = x.contiguous(memory_format=torch.channels_last)
+            for fn in (wtconv_small_matrix, lambda *a: wtconv_small_matrix_lean(*a, group=2)):
+                got = _grads(fn, xcl, params, dy)
+                for name, r, o in zip(("y", "dx", "dw", "db", "dbs", "dww", "dws"), ref, got):
+                    err = ((o - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
+                    worst = max(worst, err)
+                    if err > 1e-10:
+                        raise AssertionError(f"{name} of {(b, c, h, w, levels)} K={k}: relative error {err:.2e}")
     return worst
 
 
@@ -154,7 +235,7 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
     exact = _grads(wtconv2d_reference, x[sub].double(), [p.double() for p in params], dy[sub].double())
     errs = {}
     for name, fn in (("wtconv_triton_cl", lambda *a: wtconv2d(*a, backend="triton")),
-                     ("small_matrix", wtconv_small_matrix)):
+                     ("small_matrix", wtconv_small_matrix), ("small_matrix_lean", wtconv_small_matrix_lean)):
         got = _grads(fn, x[sub], params, dy[sub])
         errs[name] = dict(zip(("y", "dx", "dw", "db", "dbs", "dww", "dws"), (_rel(o, r) for o, r in zip(got, exact))))
 
@@ -169,6 +250,7 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
     impls = {
         "wtconv_triton_cl": layer(lambda *a: wtconv2d(*a, backend="triton"), params),
         "small_matrix": layer(wtconv_small_matrix, params),
+        "small_matrix_lean": layer(wtconv_small_matrix_lean, params),
         "dw7_cl": layer(lambda xi, wt, bi: F.conv2d(xi, wt, bi, padding=3, groups=c), dws[7]),
         "dw5_cl": layer(lambda xi, wt, bi: F.conv2d(xi, wt, bi, padding=2, groups=c), dws[5]),
     }
