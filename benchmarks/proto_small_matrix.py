@@ -3,6 +3,7 @@
 Usage::
 
     python benchmarks/proto_small_matrix.py --check            # any machine: exactness against the reference (CPU)
+    python benchmarks/proto_small_matrix.py --sm90             # any machine: the fused products compile for sm_90
     python benchmarks/proto_small_matrix.py [--out FILE.json]  # a CUDA GPU: side by side with today's kernels, cuDNN
 
 WTConv is linear in x and shift-varying only through the Haar grid, so for a fixed map size each channel's layer is
@@ -20,10 +21,14 @@ levels 0.85x):
   deterministic), and the chain rule of the scale folding.
 
 This is the prototype that the design is decided on, not the product: stride 1 only, channels-last maps moved to
-(C, B, n) and back by copies (a fused kernel would load them in place), M rebuilt on every call. Two variants:
+(C, B, n) and back by copies (a fused kernel loads them in place), M rebuilt on every call. Two variants:
 ``wtconv_small_matrix`` (plain autograd, which keeps M and x's copy for the backward) and
 ``wtconv_small_matrix_lean`` (saves only x and the parameters, a group of channels at a time: a built-out op's
-memory). The GPU run times
+memory), whose products run either by torch.bmm on the copies or (``fused=True``) by two Triton kernels that read
+and write the channels-last maps in place, each channel the batch index of a 3-D ``tl.dot`` (tensor cores: mma.sync
+in sm_90 code from triton 3.6 and 3.8). ``--check`` runs the fused kernels in Triton's interpreter in float64 only:
+the interpreter multiplies bf16 operands of ``tl.dot`` wrongly (triton 3.8, errors ~1e10 on a 16 x 16 product
+that is right in fp32), so their bf16 figures come from the GPU run. The GPU run times
 forward and forward + backward (``triton.testing.do_bench``, median) of today's fused layer, this one (and its
 parts: the build, the layout copies, the products) and cuDNN's depthwise 7x7 / 5x5, channels-last, bf16, and the
 bf16 error of both fused layers against float64 at each shape, and the peak memory of forward + backward (this
@@ -35,13 +40,19 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import Optional
 
-import torch
-import torch.nn.functional as F
-from torch import Tensor
+if "--check" in sys.argv[1:]:  # the fused products' kernels on CPU tensors: Triton's interpreter, before its import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from torch import Tensor  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -97,6 +108,92 @@ def wtconv_small_matrix(x: Tensor, weight: Tensor, bias: Optional[Tensor], base_
     return y.contiguous(memory_format=torch.channels_last)
 
 
+@triton.jit
+def _tile(ncols, BR: tl.constexpr, BCOL: tl.constexpr, BC: tl.constexpr):
+    """This program's row and column indices of a (rows, ncols) grid tiled BR x BCOL (axis 0 of the launch), and
+    its BC channels (axis 1)."""
+    pid = tl.program_id(0)
+    nt = tl.cdiv(ncols, BCOL)
+    return ((pid // nt) * BR + tl.arange(0, BR), (pid % nt) * BCOL + tl.arange(0, BCOL),
+            tl.program_id(1) * BC + tl.arange(0, BC))
+
+
+@triton.jit
+def _apply_cl_kernel(x_ptr, a_ptr, y_ptr, B, N, CS, CG, sa_c, sa_p, sa_q,
+                     BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, ACC: tl.constexpr):
+    """y[b, p, c] = sum_q x[b, q, c] a[c, p, q] over channels-last maps (pixel stride CS, CG channels from the
+    pointers): a block of BC channels x BB images x BN output pixels per program, the channel as the batch dimension
+    of a 3-D tensor-core product, x and y read and written in place (no layout copies)."""
+    bb, pp, cc = _tile(N, BB, BN, BC)
+    bm, pm, cm = bb < B, pp < N, cc < CG
+    acc = tl.zeros((BC, BB, BN), dtype=ACC)
+    xrow = bb.to(tl.int64)[:, None, None] * N
+    for k0 in range(0, N, BK):
+        qq = k0 + tl.arange(0, BK)
+        qm = qq < N
+        xt = tl.load(x_ptr + (xrow + qq[None, :, None]) * CS + cc[None, None, :],
+                     mask=bm[:, None, None] & qm[None, :, None] & cm[None, None, :], other=0.0)  # (BB, BK, BC)
+        at = tl.load(a_ptr + cc[:, None, None] * sa_c + qq[None, :, None] * sa_q + pp[None, None, :] * sa_p,
+                     mask=cm[:, None, None] & qm[None, :, None] & pm[None, None, :], other=0.0)  # (BC, BK, BN)
+        acc = tl.dot(tl.permute(xt, (2, 0, 1)), at, acc)
+    out = tl.permute(acc, (1, 2, 0)).to(y_ptr.dtype.element_ty)  # (BB, BN, BC)
+    tl.store(y_ptr + (xrow + pp[None, :, None]) * CS + cc[None, None, :], out,
+             mask=bm[:, None, None] & pm[None, :, None] & cm[None, None, :])
+
+
+@triton.jit
+def _outer_cl_kernel(dy_ptr, x_ptr, dm_ptr, B, N, CS, CG,
+                     BP: tl.constexpr, BQ: tl.constexpr, BB: tl.constexpr, BC: tl.constexpr, ACC: tl.constexpr):
+    """dm[c, p, q] = sum_b dy[b, p, c] x[b, q, c] (channels-last maps as in _apply_cl_kernel), the images summed in
+    a fixed order (deterministic): a block of BC channels x BP x BQ entries per program."""
+    pp, qq, cc = _tile(N, BP, BQ, BC)
+    pm, qm, cm = pp < N, qq < N, cc < CG
+    acc = tl.zeros((BC, BP, BQ), dtype=ACC)
+    for b0 in range(0, B, BB):
+        bb = b0 + tl.arange(0, BB)
+        bm = bb < B
+        row = bb.to(tl.int64)[:, None, None] * N
+        dyt = tl.load(dy_ptr + (row + pp[None, :, None]) * CS + cc[None, None, :],
+                      mask=bm[:, None, None] & pm[None, :, None] & cm[None, None, :], other=0.0)  # (BB, BP, BC)
+        xt = tl.load(x_ptr + (row + qq[None, :, None]) * CS + cc[None, None, :],
+                     mask=bm[:, None, None] & qm[None, :, None] & cm[None, None, :], other=0.0)  # (BB, BQ, BC)
+        acc = tl.dot(tl.permute(dyt, (2, 1, 0)), tl.permute(xt, (2, 0, 1)), acc)
+    base = cc.to(tl.int64)[:, None, None] * N * N
+    tl.store(dm_ptr + base + pp[None, :, None] * N + qq[None, None, :], acc.to(dm_ptr.dtype.element_ty),
+             mask=cm[:, None, None] & pm[None, :, None] & qm[None, None, :])
+
+
+_TILE = dict(BB=32, BN=32, BK=32, BC=4, BP=32, BQ=32)  # the fused products' tiles (3-D dot: M, N, K >= 16)
+
+
+def _acc_of(t: Tensor):
+    return tl.float64 if t.dtype == torch.float64 else tl.float32
+
+
+def _apply_cl(x: Tensor, a: Tensor, y: Tensor, transpose: bool) -> None:
+    """y = the per-channel product of x (B, CG, H, W channels-last view, any channel offset) with a (CG, n, n)
+    (or its transpose), written into the channels-last view y, by _apply_cl_kernel."""
+    bsz, cg, h, w = x.shape
+    n, t = h * w, _TILE
+    sc, sp, sq = a.stride()
+    if transpose:
+        sp, sq = sq, sp
+    grid = (triton.cdiv(bsz, t["BB"]) * triton.cdiv(n, t["BN"]), triton.cdiv(cg, t["BC"]))
+    _apply_cl_kernel[grid](x, a, y, bsz, n, x.stride(3), cg, sc, sp, sq, BB=t["BB"], BN=t["BN"], BK=t["BK"],
+                           BC=t["BC"], ACC=_acc_of(x))
+
+
+def _outer_cl(dy: Tensor, x: Tensor) -> Tensor:
+    """(CG, n, n) = sum over images of dy's pixels times x's, per channel (_outer_cl_kernel), in x's dtype."""
+    bsz, cg, h, w = x.shape
+    n, t = h * w, _TILE
+    dm = torch.empty(cg, n, n, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(n, t["BP"]) * triton.cdiv(n, t["BQ"]), triton.cdiv(cg, t["BC"]))
+    _outer_cl_kernel[grid](dy, x, dm, bsz, n, x.stride(3), cg, BP=t["BP"], BQ=t["BQ"], BB=t["BB"], BC=t["BC"],
+                           ACC=_acc_of(x))
+    return dm
+
+
 class SmallMatrixLean(torch.autograd.Function):
     """The same layer as :func:`wtconv_small_matrix` with a built-out op's memory: it saves only x and the
     parameters (the backward rebuilds M and the (C, B, n) copy of x) and works through the channels in groups of
@@ -104,15 +201,19 @@ class SmallMatrixLean(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
-                wavelet_scale: Tensor, group: int = 128) -> Tensor:
+                wavelet_scale: Tensor, group: int = 128, fused: bool = False) -> Tensor:
         ctx.save_for_backward(x, weight, bias, base_scale, wavelet_weight, wavelet_scale)
-        ctx.group = group
+        ctx.group, ctx.fused = group, fused
+        x = x.contiguous(memory_format=torch.channels_last)
         bsz, c, h, w = x.shape
         basis, wf = _basis_and_terms(x, weight, base_scale, wavelet_weight, wavelet_scale)
         y = torch.empty_like(x, memory_format=torch.channels_last)
         for c0 in range(0, c, group):
             c1 = min(c, c0 + group)
             m = _matrices(wf[c0:c1], basis, h * w)
+            if fused:
+                _apply_cl(x[:, c0:c1], m, y[:, c0:c1], transpose=False)
+                continue
             xt = x[:, c0:c1].permute(1, 0, 2, 3).reshape(c1 - c0, bsz, h * w)
             y[:, c0:c1] = torch.bmm(xt, m.transpose(1, 2)).reshape(c1 - c0, bsz, h, w).permute(1, 0, 2, 3)
         if bias is not None:
@@ -122,6 +223,8 @@ class SmallMatrixLean(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: Tensor):
         x, weight, bias, base_scale, wavelet_weight, wavelet_scale = ctx.saved_tensors
+        x = x.contiguous(memory_format=torch.channels_last)
+        dy = dy.contiguous(memory_format=torch.channels_last)
         bsz, c, h, w = x.shape
         n, group = h * w, ctx.group
         basis, wf = _basis_and_terms(x, weight, base_scale, wavelet_weight, wavelet_scale)
@@ -131,11 +234,16 @@ class SmallMatrixLean(torch.autograd.Function):
         for c0 in range(0, c, group):
             c1 = min(c, c0 + group)
             m = _matrices(wf[c0:c1], basis, n)
-            dyt = dy[:, c0:c1].permute(1, 0, 2, 3).reshape(c1 - c0, bsz, n)
-            dx[:, c0:c1] = torch.bmm(dyt, m).reshape(c1 - c0, bsz, h, w).permute(1, 0, 2, 3)
-            del m
-            xt = x[:, c0:c1].permute(1, 0, 2, 3).reshape(c1 - c0, bsz, n)
-            dm = torch.bmm(dyt.transpose(1, 2), xt)  # (group, p, q), summed over the batch
+            if ctx.fused:
+                _apply_cl(dy[:, c0:c1], m, dx[:, c0:c1], transpose=True)
+                del m
+                dm = _outer_cl(dy[:, c0:c1], x[:, c0:c1])
+            else:
+                dyt = dy[:, c0:c1].permute(1, 0, 2, 3).reshape(c1 - c0, bsz, n)
+                dx[:, c0:c1] = torch.bmm(dyt, m).reshape(c1 - c0, bsz, h, w).permute(1, 0, 2, 3)
+                del m
+                xt = x[:, c0:c1].permute(1, 0, 2, 3).reshape(c1 - c0, bsz, n)
+                dm = torch.bmm(dyt.transpose(1, 2), xt)  # (group, p, q), summed over the batch
             dwf[c0:c1] = dm.reshape(c1 - c0, n * n) @ basis.reshape(-1, n * n).t()
         # The fold's chain rule (folded_terms): base taps x base_scale, level taps x their scale.
         kk = weight.shape[-1] ** 2
@@ -153,7 +261,7 @@ class SmallMatrixLean(torch.autograd.Function):
         d_ws = (d_lev * wavelet_weight.to(acc).reshape(levels, c, 4, kk)).sum(-1)
         cast = lambda g, p: None if g is None else g.to(p.dtype)  # noqa: E731
         return (dx, cast(d_weight, weight), cast(d_bias, bias), cast(d_base_scale, base_scale),
-                cast(d_ww, wavelet_weight), cast(d_ws, wavelet_scale), None)
+                cast(d_ww, wavelet_weight), cast(d_ws, wavelet_scale), None, None)
 
 
 def _basis_and_terms(x: Tensor, weight: Tensor, base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor
@@ -169,9 +277,11 @@ def _matrices(wf: Tensor, basis: Tensor, n: int) -> Tensor:
 
 
 def wtconv_small_matrix_lean(x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor,
-                             wavelet_weight: Tensor, wavelet_scale: Tensor, group: int = 128) -> Tensor:
-    """:class:`SmallMatrixLean` as a function (stride 1, output channels-last)."""
-    return SmallMatrixLean.apply(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, group)
+                             wavelet_weight: Tensor, wavelet_scale: Tensor, group: int = 128, fused: bool = False
+                             ) -> Tensor:
+    """:class:`SmallMatrixLean` as a function (stride 1, output channels-last); ``fused``: the products by the
+    Triton kernels above, on the channels-last maps in place, else by torch.bmm on (C, B, n) copies."""
+    return SmallMatrixLean.apply(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, group, fused)
 
 
 def _params(c: int, levels: int, k: int, dtype: torch.dtype, device: str, g: torch.Generator) -> list[Tensor]:
@@ -201,7 +311,10 @@ def check(shapes=((2, 3, 14, 14, 3), (2, 4, 7, 7, 2), (1, 2, 9, 6, 2), (2, 3, 5,
             dy = torch.randn(b, c, h, w, generator=g, dtype=torch.float64)
             ref = _grads(wtconv2d_reference, x, params, dy)
             xcl = x.contiguous(memory_format=torch.channels_last)
-            for fn in (wtconv_small_matrix, lambda *a: wtconv_small_matrix_lean(*a, group=2)):
+            fns = [wtconv_small_matrix, lambda *a: wtconv_small_matrix_lean(*a, group=2)]
+            if os.environ.get("TRITON_INTERPRET") == "1":  # (the kernels take CPU tensors only in the interpreter)
+                fns.append(lambda *a: wtconv_small_matrix_lean(*a, group=2, fused=True))
+            for fn in fns:
                 got = _grads(fn, xcl, params, dy)
                 for name, r, o in zip(("y", "dx", "dw", "db", "dbs", "dww", "dws"), ref, got):
                     err = ((o - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
@@ -218,6 +331,7 @@ def _rel(a: Tensor, ref: Tensor) -> float:
 def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str = "cuda") -> list[dict]:
     """Time every implementation at one shape (bf16, channels-last) and measure the fused layers' bf16 error."""
     from benchmarks.bench_layer import _bench, _peak_mb  # (do_bench's median; peak above the start, MiB)
+    from benchmarks.common import with_entries
     from wtconvnext.ops import wtconv2d
 
     dt, cl = torch.bfloat16, torch.channels_last
@@ -234,8 +348,10 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
     sub = slice(0, min(b, 8))
     exact = _grads(wtconv2d_reference, x[sub].double(), [p.double() for p in params], dy[sub].double())
     errs = {}
+    fused = functools.partial(wtconv_small_matrix_lean, fused=True)
     for name, fn in (("wtconv_triton_cl", lambda *a: wtconv2d(*a, backend="triton")),
-                     ("small_matrix", wtconv_small_matrix), ("small_matrix_lean", wtconv_small_matrix_lean)):
+                     ("small_matrix", wtconv_small_matrix), ("small_matrix_lean", wtconv_small_matrix_lean),
+                     ("small_matrix_fused", fused)):
         got = _grads(fn, x[sub], params, dy[sub])
         errs[name] = dict(zip(("y", "dx", "dw", "db", "dbs", "dww", "dws"), (_rel(o, r) for o, r in zip(got, exact))))
 
@@ -244,6 +360,9 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
         ps = [t.detach().requires_grad_() for t in ws]
         return (lambda: fn(xi, *ps)), (lambda: torch.autograd.grad(fn(xi, *ps), [xi, *ps], dy))
 
+    def tiled(**tile):  # the fused variant with other tiles (_TILE updated while it runs)
+        return lambda *a: with_entries(lambda: fused(*a), _TILE, tile)()
+
     g2 = torch.Generator(device=dev).manual_seed(1)
     dws = {kk: [torch.randn(c, 1, kk, kk, device=dev, generator=g2).to(dt) * 0.1,
                 torch.randn(c, device=dev, generator=g2).to(dt) * 0.1] for kk in (7, 5)}
@@ -251,6 +370,9 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
         "wtconv_triton_cl": layer(lambda *a: wtconv2d(*a, backend="triton"), params),
         "small_matrix": layer(wtconv_small_matrix, params),
         "small_matrix_lean": layer(wtconv_small_matrix_lean, params),
+        "small_matrix_fused": layer(fused, params),
+        "small_matrix_fused_bc8": layer(tiled(BC=8), params),
+        "small_matrix_fused_64": layer(tiled(BB=64, BN=64, BP=64, BQ=64), params),
         "dw7_cl": layer(lambda xi, wt, bi: F.conv2d(xi, wt, bi, padding=3, groups=c), dws[7]),
         "dw5_cl": layer(lambda xi, wt, bi: F.conv2d(xi, wt, bi, padding=2, groups=c), dws[5]),
     }
@@ -276,6 +398,8 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
         "part_dx_bmm": lambda: torch.bmm(dyt, m),
         "part_dM_bmm": lambda: torch.bmm(dyt.transpose(1, 2), xt),
         "part_dwf_gemm": lambda: dm.reshape(c, n * n) @ basis.reshape(-1, n * n).t(),
+        "part_fused_apply": lambda: _apply_cl(x, m, torch.empty_like(x), transpose=False),
+        "part_fused_outer": lambda: _outer_cl(dy, x),
     }
     for name, fn in parts.items():
         rows.append(dict(dtype="bf16", B=b, C=c, H=h, W=w, levels=levels, K=k, impl=name, fwd_ms=_bench(fn),
@@ -287,11 +411,31 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
     return rows
 
 
+def sm90_products() -> dict[str, int]:
+    """Compile the fused products' kernels for sm_90 in bf16 at the default tiles (no GPU needed; the kernels must
+    be decorated without the interpreter): the tensor-core instructions (``mma``) in each one's PTX."""
+    from benchmarks.common import compile_sm90
+
+    ptr = {"B": "i32", "N": "i32", "CS": "i32", "CG": "i32"}
+    t = _TILE
+    apply = compile_sm90(_apply_cl_kernel, {"x_ptr": "*bf16", "a_ptr": "*bf16", "y_ptr": "*bf16", **ptr,
+                                            "sa_c": "i32", "sa_p": "i32", "sa_q": "i32"},
+                         dict(BB=t["BB"], BN=t["BN"], BK=t["BK"], BC=t["BC"], ACC=tl.float32))
+    outer = compile_sm90(_outer_cl_kernel, {"dy_ptr": "*bf16", "x_ptr": "*bf16", "dm_ptr": "*bf16", **ptr},
+                         dict(BP=t["BP"], BQ=t["BQ"], BB=t["BB"], BC=t["BC"], ACC=tl.float32))
+    return {name: k.asm["ptx"].count("mma.sync") + k.asm["ptx"].count("wgmma.mma_async")
+            for name, k in (("apply", apply), ("outer", outer))}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="exactness against the reference in float64 (CPU)")
+    ap.add_argument("--sm90", action="store_true", help="compile the fused products for sm_90 (no GPU needed)")
     ap.add_argument("--out", default="results/proto_small_matrix.json")
     args = ap.parse_args(argv)
+    if args.sm90:
+        print(f"sm_90 bf16, tensor-core instructions in the PTX of the fused products: {sm90_products()}")
+        return 0
     if args.check:
         print(f"small-matrix WTConv vs the reference, float64, output and six gradients: max relative {check():.1e}")
         return 0

@@ -3,7 +3,9 @@ interpreter, on one small shape); the SASS instruction counter reads real sm_90 
 
 from __future__ import annotations
 
+import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -310,3 +312,15 @@ def test_small_matrix_prototype_is_the_reference_in_float64() -> None:
     from benchmarks import proto_small_matrix
 
     assert proto_small_matrix.check(shapes=((2, 3, 7, 5, 2), (1, 2, 6, 9, 3))) < 1e-10
+
+
+def test_small_matrix_products_compile_to_tensor_core_code() -> None:
+    """The prototype's fused products (3-D tl.dot over channels-last maps) compile for sm_90 in bf16 and use the
+    tensor cores (a subprocess without the interpreter, whose decorators cannot compile)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(ab_kernels.__file__).with_name("proto_small_matrix.py")
+    proc = subprocess.run([sys.executable, str(script), "--sm90"], capture_output=True, text=True, timeout=600,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    counts = ast.literal_eval(proc.stdout.split(": ", 1)[1].strip())  # the printed dict of mma counts
+    assert counts["apply"] > 0 and counts["outer"] > 0, proc.stdout
