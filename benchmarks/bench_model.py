@@ -103,10 +103,13 @@ def _input(batch: int, res: int) -> torch.Tensor:
     return torch.randn(batch, 3, res, res, device=DEVICE).to(memory_format=torch.channels_last)
 
 
-def _train_step(name: str, amp: bool, compile_: bool, batch: int):
-    """An AdamW training step of ``name`` (and what it holds), classification at 1000 classes."""
+def _train_step(name: str, amp: bool, compile_: bool, batch: int, patch=None):
+    """An AdamW training step of ``name`` (and what it holds), classification at 1000 classes; ``patch``: a
+    function that changes the model in place first (a prototype's A/B)."""
     torch.manual_seed(0)
     model = timm.create_model(name, num_classes=1000).to(DEVICE).to(memory_format=torch.channels_last)
+    if patch is not None:
+        patch(model)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, fused=DEVICE == "cuda")
     fwd = _compile(model) if compile_ else model
@@ -140,8 +143,9 @@ def _assert_fused(name: str, step) -> None:
                            "its figures would not measure this project's kernels")
 
 
-def _train_case(name: str, amp: bool, compile_: bool, batch: int, warmup: int, iters: int, res: int = 224) -> dict:
-    train = _train_step(name, amp, compile_, batch)
+def _train_case(name: str, amp: bool, compile_: bool, batch: int, warmup: int, iters: int, res: int = 224,
+                patch=None) -> dict:
+    train = _train_step(name, amp, compile_, batch, patch)
     x = _input(batch, res)
     train(x)  # compile / allocate outside the memory and time measurements
     peak = _peak_gb(lambda: train(x))
@@ -152,8 +156,11 @@ def _train_case(name: str, amp: bool, compile_: bool, batch: int, warmup: int, i
     return dict(ms=ms, img_s=batch / ms * 1000, peak_gb=peak)
 
 
-def _infer_case(name: str, amp: bool, compile_: bool, batch: int, warmup: int, iters: int, res: int = 224) -> dict:
+def _infer_case(name: str, amp: bool, compile_: bool, batch: int, warmup: int, iters: int, res: int = 224,
+                patch=None) -> dict:
     model = timm.create_model(name, num_classes=1000).to(DEVICE).eval().to(memory_format=torch.channels_last)
+    if patch is not None:
+        patch(model)
     fwd = _compile(model) if compile_ else model
     x = _input(batch, res)
 

@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/proto_small_matrix.py --check            # any machine: exactness against the reference (CPU)
     python benchmarks/proto_small_matrix.py --sm90             # any machine: the fused products compile for sm_90
-    python benchmarks/proto_small_matrix.py [--out FILE.json]  # a CUDA GPU: side by side with today's kernels, cuDNN
+    python benchmarks/proto_small_matrix.py [--model] [--out FILE.json]  # a CUDA GPU: beside today's kernels, cuDNN
 
 WTConv is linear in x and shift-varying only through the Haar grid, so for a fixed map size each channel's layer is
 an (H·W) x (H·W) matrix: ``y_c = M_c x_c + bias_c``. At stages 3-4 (14², 7²) that matrix is small (196² and 49²
@@ -284,6 +284,53 @@ def wtconv_small_matrix_lean(x: Tensor, weight: Tensor, bias: Optional[Tensor], 
     return SmallMatrixLean.apply(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, group, fused)
 
 
+def patch_small_maps(model: torch.nn.Module, max_pixels: int = 256, group: int = 128) -> torch.nn.Module:
+    """Run every stride-1 WTConv layer of ``model`` whose map has at most ``max_pixels`` pixels through
+    ``wtconv_small_matrix_lean(fused=True)`` (in place; under autocast its input and parameters in the autocast
+    dtype, as a convolution's), the others unchanged: the prototype's A/B inside a model."""
+    from wtconvnext.layers.wtconv2d import WTConv2d
+
+    for mod in model.modules():
+        if not isinstance(mod, WTConv2d) or mod.stride != 1:
+            continue
+
+        def forward(x: Tensor, mod=mod, ordinary=mod.forward) -> Tensor:
+            if x.shape[-2] * x.shape[-1] > max_pixels:
+                return ordinary(x)
+            ps = [mod.weight, mod.bias, mod.base_scale, mod.wavelet_weight, mod.wavelet_scale]
+            dev = x.device.type
+            if torch.is_autocast_enabled(dev):
+                dt = torch.get_autocast_dtype(dev)
+                with torch.autocast(dev, enabled=False):
+                    return wtconv_small_matrix_lean(x.to(dt), *[None if p is None else p.to(dt) for p in ps],
+                                                    group=group, fused=True)
+            return wtconv_small_matrix_lean(x, *ps, group=group, fused=True)
+
+        mod.forward = forward
+    return model
+
+
+def model_rows(batch: int = 128, infer_batch: int = 256) -> list[dict]:
+    """AMP training and inference of convnext_tiny, wtconvnext_tiny and wtconvnext_tiny with its stage 3-4 layers
+    on the fused small-matrix products, side by side (bench_model.py's cases)."""
+    from benchmarks import bench_model as bm
+
+    torch.backends.cudnn.benchmark = True
+    rows = []
+    for name, patch, label in (("convnext_tiny", None, "convnext_tiny"), ("wtconvnext_tiny", None, "wtconvnext_tiny"),
+                               ("wtconvnext_tiny", patch_small_maps, "wtconvnext_tiny+small_matrix")):
+        r = dict(model=label, task="train", **bm._train_case(name, True, False, batch, 5, 20, patch=patch))
+        rows.append(r)
+        print(f"  {r}", flush=True)
+        r = dict(model=label, task="infer", **bm._infer_case(name, True, False, infer_batch, 5, 20, patch=patch))
+        rows.append(r)
+        print(f"  {r}", flush=True)
+    base = {r["task"]: r for r in rows if r["model"] == "convnext_tiny"}
+    for r in rows:
+        r["img_s_vs_convnext"] = r["img_s"] / base[r["task"]]["img_s"]
+    return rows
+
+
 def _params(c: int, levels: int, k: int, dtype: torch.dtype, device: str, g: torch.Generator) -> list[Tensor]:
     def rnd(*shape: int, scale: float = 1.0) -> Tensor:
         return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype=dtype, device=device)
@@ -431,6 +478,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="exactness against the reference in float64 (CPU)")
     ap.add_argument("--sm90", action="store_true", help="compile the fused products for sm_90 (no GPU needed)")
+    ap.add_argument("--model", action="store_true",
+                    help="also AMP training / inference of wtconvnext_tiny with stages 3-4 on the prototype")
     ap.add_argument("--out", default="results/proto_small_matrix.json")
     args = ap.parse_args(argv)
     if args.sm90:
@@ -460,6 +509,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                      f"{r['fwdbwd_ms']:8.3f} {r['fwd_vs_dw7']:8.2f} {r['fwdbwd_vs_dw7']:8.2f} {r['peak_mb']:8.1f}{err}")
     report(args.out, gpu_env(), hdr, lines, rows,
            note="bf16 channels-last; part_* rows: one piece of small_matrix alone (in the fwd ms column)")
+    if args.model:
+        mrows = model_rows()
+        mlines = [f"{r['task']:6} {r['model']:30} {r['ms']:8.2f} {r['img_s']:8.0f} {r.get('peak_gb', 0):8.2f} "
+                  f"{r['img_s_vs_convnext']:8.2f}" for r in mrows]
+        report(Path(args.out).with_name(Path(args.out).stem + "_model.json"), gpu_env(),
+               f"{'task':6} {'model (bf16 AMP, eager)':30} {'ms':>8} {'img/s':>8} {'peak GB':>8} {'vs CNX':>8}",
+               mlines, mrows, note="B=128 training (AdamW), B=256 inference, 224², channels-last")
     return 0
 
 

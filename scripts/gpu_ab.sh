@@ -87,9 +87,10 @@ if [[ "$what" == *absmall* ]]; then
   done
 fi
 # Issue 14's operator-matrix prototype at stages 3-4 (and a 16 x 16 dense-prediction map): forward and forward +
-# backward against today's fused layer and cuDNN's depthwise 7x7 / 5x5, its parts, the bf16 errors.
+# backward against today's fused layer and cuDNN's depthwise 7x7 / 5x5, its parts, the bf16 errors; then
+# wtconvnext_tiny's AMP training and inference with its stage 3-4 layers on it, beside the model and ConvNeXt-T.
 if [[ "$what" == *proto* ]]; then
-  step 240 proto_small_matrix.txt "$py" benchmarks/proto_small_matrix.py --out "$out/proto_small_matrix.json"
+  step 480 proto_small_matrix.txt "$py" benchmarks/proto_small_matrix.py --model --out "$out/proto_small_matrix.json"
 fi
 if [[ "$what" == *layer* ]]; then
   step 150 layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --out "$out/layer.json"

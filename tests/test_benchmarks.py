@@ -324,3 +324,37 @@ def test_small_matrix_products_compile_to_tensor_core_code() -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     counts = ast.literal_eval(proc.stdout.split(": ", 1)[1].strip())  # the printed dict of mma counts
     assert counts["apply"] > 0 and counts["outer"] > 0, proc.stdout
+
+
+@pytest.mark.triton
+def test_small_matrix_patch_keeps_a_models_results() -> None:
+    """The prototype's model A/B: test_wtconvnext with every small-map WTConv layer on the fused small-matrix
+    products (Triton's interpreter on the CPU, float64, random weights) gives the ordinary model's output and
+    parameter gradients, and really runs the prototype in each of its layers."""
+    import timm
+
+    from benchmarks import proto_small_matrix
+    from wtconvnext.layers.wtconv2d import WTConv2d
+
+    torch.manual_seed(0)
+    ref = timm.create_model("test_wtconvnext", num_classes=10).double()
+    with torch.no_grad():
+        for prm in ref.parameters():
+            prm.normal_(0, 0.2)
+    model = timm.create_model("test_wtconvnext", num_classes=10).double()
+    model.load_state_dict(ref.state_dict())
+    calls = []
+    apply = proto_small_matrix.SmallMatrixLean.apply
+    proto_small_matrix.patch_small_maps(model)
+    try:
+        proto_small_matrix.SmallMatrixLean.apply = lambda *a: calls.append(a[0].shape) or apply(*a)
+        x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+        y_ref, y = ref(x), model(x)
+    finally:
+        proto_small_matrix.SmallMatrixLean.apply = apply
+    assert len(calls) == sum(isinstance(m, WTConv2d) for m in model.modules()) > 0
+    assert ((y - y_ref).abs().max() / y_ref.abs().max()).item() < 1e-10
+    y_ref.square().sum().backward()
+    y.square().sum().backward()
+    for (name, a), b in zip(ref.named_parameters(), model.parameters()):
+        assert ((b.grad - a.grad).abs().max() / a.grad.abs().max().clamp_min(1e-30)).item() < 1e-10, name
