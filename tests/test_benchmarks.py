@@ -327,6 +327,9 @@ def test_small_matrix_products_compile_to_tensor_core_code() -> None:
 
 
 @pytest.mark.triton
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="float64 products need the interpreter's exact arithmetic (on a GPU tl.dot rounds them); "
+                           "there proto_small_matrix.py measures the prototype's bf16 errors")
 def test_small_matrix_patch_keeps_a_models_results() -> None:
     """The prototype's model A/B: test_wtconvnext with every small-map WTConv layer on the fused small-matrix
     products (Triton's interpreter on the CPU, float64, random weights) gives the ordinary model's output and
