@@ -26,7 +26,9 @@ This is the prototype that the design is decided on, not the product: stride 1 o
 ``wtconv_small_matrix_lean`` (saves only x and the parameters, a group of channels at a time: a built-out op's
 memory), whose products run either by torch.bmm on the copies or (``fused=True``) by two Triton kernels that read
 and write the channels-last maps in place, each channel the batch index of a 3-D ``tl.dot`` (tensor cores: mma.sync
-in sm_90 code from triton 3.6 and 3.8). ``--check`` runs the fused kernels in Triton's interpreter in float64 only:
+in sm_90 code from triton 3.6 and 3.8); and M and the term gradients either by dense GEMMs with E (9.6 GFLOP each
+at 14², 384 channels) or (``sparse=True``) by two Triton kernels over E's nonzeros (at most 13 terms reach an entry
+of M: about 4 % of the GEMM's multiply-adds, on the CUDA cores). ``--check`` runs the fused kernels in Triton's interpreter in float64 only:
 the interpreter multiplies bf16 operands of ``tl.dot`` wrongly (triton 3.8, errors ~1e10 on a 16 x 16 product
 that is right in fp32), so their bf16 figures come from the GPU run. The GPU run times
 forward and forward + backward (``triton.testing.do_bench``, median) of today's fused layer, this one (and its
@@ -194,6 +196,85 @@ def _outer_cl(dy: Tensor, x: Tensor) -> Tensor:
     return dm
 
 
+@functools.lru_cache(maxsize=16)
+def term_tables(h: int, w: int, levels: int, k: int, device: str) -> tuple[Tensor, ...]:
+    """E's nonzeros (:func:`term_basis`), both ways: per entry (p, q) of M, the terms that reach it
+    (``idx``, ``coef``: (n², J), J the most any entry has, padded with coefficient 0), and per term t, the entries
+    it reaches (``t_ptr`` (T + 1,) offsets into ``t_pq``, ``t_coef``; entries in increasing order)."""
+    basis = term_basis(h, w, levels, k, torch.float64, "cpu")
+    terms, n = basis.shape[0], h * w
+    by_entry = basis.reshape(terms, n * n).t()  # (n², T)
+    nz = by_entry != 0
+    j = int(nz.sum(1).max())
+    idx = torch.argsort(nz.to(torch.int8), dim=1, descending=True, stable=True)[:, :j]
+    coef = by_entry.gather(1, idx)
+    t_of, pq = basis.reshape(terms, n * n).nonzero(as_tuple=True)  # row-major: by term, then entry
+    t_ptr = torch.zeros(terms + 1, dtype=torch.int64)
+    t_ptr[1:] = torch.bincount(t_of, minlength=terms).cumsum(0)
+    t_coef = basis.reshape(terms, n * n)[t_of, pq]
+    return tuple(t.to(device) for t in (idx.to(torch.int32).contiguous(), coef.to(torch.float32).contiguous(),
+                                        t_ptr, pq.to(torch.int32), t_coef.to(torch.float32)))
+
+
+@triton.jit
+def _build_m_kernel(wf_ptr, idx_ptr, coef_ptr, m_ptr, NN, T, CG, J: tl.constexpr, BPQ: tl.constexpr,
+                    BC: tl.constexpr, ACC: tl.constexpr):
+    """m[c, pq] = sum_j coef[pq, j] wf[c, idx[pq, j]] (sums in ACC, stored in m's dtype): M from the term weights,
+    each entry from the at most J terms that reach it."""
+    pq = tl.program_id(0) * BPQ + tl.arange(0, BPQ)
+    cc = tl.program_id(1) * BC + tl.arange(0, BC)
+    pm, cm = pq < NN, cc < CG
+    acc = tl.zeros((BC, BPQ), dtype=ACC)
+    for j in tl.static_range(J):
+        t = tl.load(idx_ptr + pq * J + j, mask=pm, other=0)
+        cf = tl.load(coef_ptr + pq * J + j, mask=pm, other=0.0).to(ACC)  # (0 or +-4^-l: exact in fp32)
+        wv = tl.load(wf_ptr + cc[:, None] * T + t[None, :], mask=cm[:, None] & pm[None, :], other=0.0)
+        acc += wv.to(ACC) * cf[None, :]
+    tl.store(m_ptr + cc[:, None].to(tl.int64) * NN + pq[None, :], acc.to(m_ptr.dtype.element_ty),
+             mask=cm[:, None] & pm[None, :])
+
+
+@triton.jit
+def _term_grads_kernel(dm_ptr, tptr_ptr, tpq_ptr, tcoef_ptr, dwf_ptr, NN, T, CG, BL: tl.constexpr,
+                       BC: tl.constexpr, ACC: tl.constexpr):
+    """dwf[c, t] = sum over the entries (p, q) that term t reaches of coef dm[c, p, q], in a fixed order
+    (deterministic): one term and BC channels per program."""
+    t = tl.program_id(0)
+    cc = tl.program_id(1) * BC + tl.arange(0, BC)
+    cm = cc < CG
+    start = tl.load(tptr_ptr + t)
+    end = tl.load(tptr_ptr + t + 1)
+    acc = tl.zeros((BC, BL), dtype=ACC)
+    for i0 in range(start, end, BL):
+        ii = i0 + tl.arange(0, BL)
+        im = ii < end
+        pq = tl.load(tpq_ptr + ii, mask=im, other=0)
+        cf = tl.load(tcoef_ptr + ii, mask=im, other=0.0).to(ACC)
+        v = tl.load(dm_ptr + cc[:, None].to(tl.int64) * NN + pq[None, :], mask=cm[:, None] & im[None, :], other=0.0)
+        acc += v.to(ACC) * cf[None, :]
+    tl.store(dwf_ptr + cc * T + t, tl.sum(acc, axis=1), mask=cm)
+
+
+def _build_m(wf: Tensor, tables: tuple, n: int) -> Tensor:
+    """(CG, n, n) by _build_m_kernel from the (CG, T) term weights, in wf's dtype."""
+    idx, coef = tables[0], tables[1]
+    cg, terms = wf.shape
+    m = torch.empty(cg, n, n, dtype=wf.dtype, device=wf.device)
+    grid = (triton.cdiv(n * n, 256), triton.cdiv(cg, 8))
+    _build_m_kernel[grid](wf.contiguous(), idx, coef, m, n * n, terms, cg, J=idx.shape[1], BPQ=256, BC=8,
+                          ACC=_acc_of(wf))
+    return m
+
+
+def _term_grads(dm: Tensor, tables: tuple, out: Tensor) -> None:
+    """out (CG, T) fp32 = dM's sums per term (_term_grads_kernel)."""
+    t_ptr, t_pq, t_coef = tables[2], tables[3], tables[4]
+    cg, n = dm.shape[0], dm.shape[1]
+    terms = t_ptr.shape[0] - 1
+    _term_grads_kernel[(terms, triton.cdiv(cg, 16))](dm, t_ptr, t_pq, t_coef, out, n * n, terms, cg, BL=128, BC=16,
+                                                     ACC=_acc_of(out))
+
+
 class SmallMatrixLean(torch.autograd.Function):
     """The same layer as :func:`wtconv_small_matrix` with a built-out op's memory: it saves only x and the
     parameters (the backward rebuilds M and the (C, B, n) copy of x) and works through the channels in groups of
@@ -201,16 +282,17 @@ class SmallMatrixLean(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
-                wavelet_scale: Tensor, group: int = 128, fused: bool = False) -> Tensor:
+                wavelet_scale: Tensor, group: int = 128, fused: bool = False, sparse: bool = False) -> Tensor:
         ctx.save_for_backward(x, weight, bias, base_scale, wavelet_weight, wavelet_scale)
-        ctx.group, ctx.fused = group, fused
+        ctx.group, ctx.fused, ctx.sparse = group, fused, sparse
         x = x.contiguous(memory_format=torch.channels_last)
         bsz, c, h, w = x.shape
         basis, wf = _basis_and_terms(x, weight, base_scale, wavelet_weight, wavelet_scale)
+        tables = term_tables(h, w, wavelet_weight.shape[0], weight.shape[-1], str(x.device)) if sparse else None
         y = torch.empty_like(x, memory_format=torch.channels_last)
         for c0 in range(0, c, group):
             c1 = min(c, c0 + group)
-            m = _matrices(wf[c0:c1], basis, h * w)
+            m = _matrices(wf[c0:c1], basis, h * w, tables)
             if fused:
                 _apply_cl(x[:, c0:c1], m, y[:, c0:c1], transpose=False)
                 continue
@@ -228,12 +310,13 @@ class SmallMatrixLean(torch.autograd.Function):
         bsz, c, h, w = x.shape
         n, group = h * w, ctx.group
         basis, wf = _basis_and_terms(x, weight, base_scale, wavelet_weight, wavelet_scale)
+        tables = term_tables(h, w, wavelet_weight.shape[0], weight.shape[-1], str(x.device)) if ctx.sparse else None
         dx = torch.empty_like(x, memory_format=torch.channels_last)
         acc = torch.promote_types(x.dtype, torch.float32)  # the gradients' arithmetic: fp32 (fp64 for fp64)
         dwf = torch.empty(c, basis.shape[0], dtype=acc, device=x.device)
         for c0 in range(0, c, group):
             c1 = min(c, c0 + group)
-            m = _matrices(wf[c0:c1], basis, n)
+            m = _matrices(wf[c0:c1], basis, n, tables)
             if ctx.fused:
                 _apply_cl(dy[:, c0:c1], m, dx[:, c0:c1], transpose=True)
                 del m
@@ -244,7 +327,10 @@ class SmallMatrixLean(torch.autograd.Function):
                 del m
                 xt = x[:, c0:c1].permute(1, 0, 2, 3).reshape(c1 - c0, bsz, n)
                 dm = torch.bmm(dyt.transpose(1, 2), xt)  # (group, p, q), summed over the batch
-            dwf[c0:c1] = dm.reshape(c1 - c0, n * n) @ basis.reshape(-1, n * n).t()
+            if tables is not None:
+                _term_grads(dm, tables, dwf[c0:c1])
+            else:
+                dwf[c0:c1] = dm.reshape(c1 - c0, n * n) @ basis.reshape(-1, n * n).t()
         # The fold's chain rule (folded_terms): base taps x base_scale, level taps x their scale.
         kk = weight.shape[-1] ** 2
         levels = wavelet_weight.shape[0]
@@ -261,7 +347,7 @@ class SmallMatrixLean(torch.autograd.Function):
         d_ws = (d_lev * wavelet_weight.to(acc).reshape(levels, c, 4, kk)).sum(-1)
         cast = lambda g, p: None if g is None else g.to(p.dtype)  # noqa: E731
         return (dx, cast(d_weight, weight), cast(d_bias, bias), cast(d_base_scale, base_scale),
-                cast(d_ww, wavelet_weight), cast(d_ws, wavelet_scale), None, None)
+                cast(d_ww, wavelet_weight), cast(d_ws, wavelet_scale), None, None, None)
 
 
 def _basis_and_terms(x: Tensor, weight: Tensor, base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor
@@ -271,23 +357,29 @@ def _basis_and_terms(x: Tensor, weight: Tensor, base_scale: Tensor, wavelet_weig
     return basis, folded_terms(weight, base_scale, wavelet_weight, wavelet_scale).to(x.dtype)
 
 
-def _matrices(wf: Tensor, basis: Tensor, n: int) -> Tensor:
-    """(C, n, n): each channel's operator, ``wf @ E``."""
+def _matrices(wf: Tensor, basis: Tensor, n: int, tables: Optional[tuple] = None) -> Tensor:
+    """(C, n, n): each channel's operator, ``wf @ E`` (a dense GEMM), or with ``tables`` (term_tables) by
+    _build_m_kernel from E's nonzeros."""
+    if tables is not None:
+        return _build_m(wf, tables, n)
     return (wf @ basis.reshape(basis.shape[0], n * n)).reshape(wf.shape[0], n, n)
 
 
 def wtconv_small_matrix_lean(x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor,
-                             wavelet_weight: Tensor, wavelet_scale: Tensor, group: int = 128, fused: bool = False
-                             ) -> Tensor:
+                             wavelet_weight: Tensor, wavelet_scale: Tensor, group: int = 128, fused: bool = False,
+                             sparse: bool = False) -> Tensor:
     """:class:`SmallMatrixLean` as a function (stride 1, output channels-last); ``fused``: the products by the
-    Triton kernels above, on the channels-last maps in place, else by torch.bmm on (C, B, n) copies."""
-    return SmallMatrixLean.apply(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, group, fused)
+    Triton kernels above, on the channels-last maps in place, else by torch.bmm on (C, B, n) copies; ``sparse``:
+    M and the term gradients from E's nonzeros (term_tables' kernels), else by dense GEMMs with E."""
+    return SmallMatrixLean.apply(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, group, fused, sparse)
 
 
-def patch_small_maps(model: torch.nn.Module, max_pixels: int = 256, group: int = 128) -> torch.nn.Module:
+def patch_small_maps(model: torch.nn.Module, max_pixels: int = 256, group: int = 128, sparse: bool = False
+                     ) -> torch.nn.Module:
     """Run every stride-1 WTConv layer of ``model`` whose map has at most ``max_pixels`` pixels through
     ``wtconv_small_matrix_lean(fused=True)`` (in place; under autocast its input and parameters in the autocast
-    dtype, as a convolution's), the others unchanged: the prototype's A/B inside a model."""
+    dtype, as a convolution's; ``sparse``: M and the term gradients by the sparse kernels), the others unchanged: the
+    prototype's A/B inside a model."""
     from wtconvnext.layers.wtconv2d import WTConv2d
 
     for mod in model.modules():
@@ -303,8 +395,8 @@ def patch_small_maps(model: torch.nn.Module, max_pixels: int = 256, group: int =
                 dt = torch.get_autocast_dtype(dev)
                 with torch.autocast(dev, enabled=False):
                     return wtconv_small_matrix_lean(x.to(dt), *[None if p is None else p.to(dt) for p in ps],
-                                                    group=group, fused=True)
-            return wtconv_small_matrix_lean(x, *ps, group=group, fused=True)
+                                                    group=group, fused=True, sparse=sparse)
+            return wtconv_small_matrix_lean(x, *ps, group=group, fused=True, sparse=sparse)
 
         mod.forward = forward
     return model
@@ -312,13 +404,16 @@ def patch_small_maps(model: torch.nn.Module, max_pixels: int = 256, group: int =
 
 def model_rows(batch: int = 128, infer_batch: int = 256) -> list[dict]:
     """AMP training and inference of convnext_tiny, wtconvnext_tiny and wtconvnext_tiny with its stage 3-4 layers
-    on the fused small-matrix products, side by side (bench_model.py's cases)."""
+    on the fused small-matrix products (M by GEMM, and by the sparse kernels), side by side (bench_model.py's
+    cases)."""
     from benchmarks import bench_model as bm
 
     torch.backends.cudnn.benchmark = True
     rows = []
     for name, patch, label in (("convnext_tiny", None, "convnext_tiny"), ("wtconvnext_tiny", None, "wtconvnext_tiny"),
-                               ("wtconvnext_tiny", patch_small_maps, "wtconvnext_tiny+small_matrix")):
+                               ("wtconvnext_tiny", patch_small_maps, "wtconvnext_tiny+small_matrix"),
+                               ("wtconvnext_tiny", functools.partial(patch_small_maps, sparse=True),
+                                "wtconvnext_tiny+small_matrix_sparse")):
         r = dict(model=label, task="train", **bm._train_case(name, True, False, batch, 5, 20, patch=patch))
         rows.append(r)
         print(f"  {r}", flush=True)
@@ -361,6 +456,7 @@ def check(shapes=((2, 3, 14, 14, 3), (2, 4, 7, 7, 2), (1, 2, 9, 6, 2), (2, 3, 5,
             fns = [wtconv_small_matrix, lambda *a: wtconv_small_matrix_lean(*a, group=2)]
             if os.environ.get("TRITON_INTERPRET") == "1":  # (the kernels take CPU tensors only in the interpreter)
                 fns.append(lambda *a: wtconv_small_matrix_lean(*a, group=2, fused=True))
+                fns.append(lambda *a: wtconv_small_matrix_lean(*a, group=2, fused=True, sparse=True))
             for fn in fns:
                 got = _grads(fn, xcl, params, dy)
                 for name, r, o in zip(("y", "dx", "dw", "db", "dbs", "dww", "dws"), ref, got):
@@ -398,7 +494,8 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
     fused = functools.partial(wtconv_small_matrix_lean, fused=True)
     for name, fn in (("wtconv_triton_cl", lambda *a: wtconv2d(*a, backend="triton")),
                      ("small_matrix", wtconv_small_matrix), ("small_matrix_lean", wtconv_small_matrix_lean),
-                     ("small_matrix_fused", fused)):
+                     ("small_matrix_fused", fused),
+                     ("small_matrix_fused_sparse", functools.partial(fused, sparse=True))):
         got = _grads(fn, x[sub], params, dy[sub])
         errs[name] = dict(zip(("y", "dx", "dw", "db", "dbs", "dww", "dws"), (_rel(o, r) for o, r in zip(got, exact))))
 
@@ -420,6 +517,8 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
         "small_matrix_fused": layer(fused, params),
         "small_matrix_fused_bc8": layer(tiled(BC=8), params),
         "small_matrix_fused_64": layer(tiled(BB=64, BN=64, BP=64, BQ=64), params),
+        "small_matrix_fused_sparse": layer(functools.partial(wtconv_small_matrix_lean, fused=True, sparse=True),
+                                           params),
         "dw7_cl": layer(lambda xi, wt, bi: F.conv2d(xi, wt, bi, padding=3, groups=c), dws[7]),
         "dw5_cl": layer(lambda xi, wt, bi: F.conv2d(xi, wt, bi, padding=2, groups=c), dws[5]),
     }
@@ -438,6 +537,8 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
     xt = x.permute(1, 0, 2, 3).reshape(c, b, n)
     dyt = dy.permute(1, 0, 2, 3).reshape(c, b, n)
     dm = torch.bmm(dyt.transpose(1, 2), xt)
+    tables = term_tables(h, w, levels, k, dev)
+    dwf = torch.empty(c, basis.shape[0], dtype=torch.float32, device=dev)
     parts = {
         "part_build_M": lambda: wf @ basis.reshape(-1, n * n),
         "part_to_cbn": lambda: x.permute(1, 0, 2, 3).reshape(c, b, n),
@@ -447,6 +548,8 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
         "part_dwf_gemm": lambda: dm.reshape(c, n * n) @ basis.reshape(-1, n * n).t(),
         "part_fused_apply": lambda: _apply_cl(x, m, torch.empty_like(x), transpose=False),
         "part_fused_outer": lambda: _outer_cl(dy, x),
+        "part_sparse_build": lambda: _build_m(wf, tables, n),
+        "part_sparse_term_grads": lambda: _term_grads(dm, tables, dwf),
     }
     for name, fn in parts.items():
         rows.append(dict(dtype="bf16", B=b, C=c, H=h, W=w, levels=levels, K=k, impl=name, fwd_ms=_bench(fn),
@@ -459,8 +562,9 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
 
 
 def sm90_products() -> dict[str, int]:
-    """Compile the fused products' kernels for sm_90 in bf16 at the default tiles (no GPU needed; the kernels must
-    be decorated without the interpreter): the tensor-core instructions (``mma``) in each one's PTX."""
+    """Compile the prototype's kernels for sm_90 in bf16 at the default tiles (no GPU needed; the kernels must be
+    decorated without the interpreter): the tensor-core instructions (``mma``) in the products' PTX, the fp32 FMAs
+    in the sparse build's and term gradients'."""
     from benchmarks.common import compile_sm90
 
     ptr = {"B": "i32", "N": "i32", "CS": "i32", "CG": "i32"}
@@ -470,8 +574,16 @@ def sm90_products() -> dict[str, int]:
                          dict(BB=t["BB"], BN=t["BN"], BK=t["BK"], BC=t["BC"], ACC=tl.float32))
     outer = compile_sm90(_outer_cl_kernel, {"dy_ptr": "*bf16", "x_ptr": "*bf16", "dm_ptr": "*bf16", **ptr},
                          dict(BP=t["BP"], BQ=t["BQ"], BB=t["BB"], BC=t["BC"], ACC=tl.float32))
-    return {name: k.asm["ptx"].count("mma.sync") + k.asm["ptx"].count("wgmma.mma_async")
-            for name, k in (("apply", apply), ("outer", outer))}
+    build = compile_sm90(_build_m_kernel, {"wf_ptr": "*bf16", "idx_ptr": "*i32", "coef_ptr": "*fp32", "m_ptr": "*bf16",
+                                           "NN": "i32", "T": "i32", "CG": "i32"},
+                         dict(J=13, BPQ=256, BC=8, ACC=tl.float32))
+    grads = compile_sm90(_term_grads_kernel, {"dm_ptr": "*bf16", "tptr_ptr": "*i64", "tpq_ptr": "*i32",
+                                              "tcoef_ptr": "*fp32", "dwf_ptr": "*fp32", "NN": "i32", "T": "i32",
+                                              "CG": "i32"}, dict(BL=128, BC=16, ACC=tl.float32))
+    mma = {name: k.asm["ptx"].count("mma.sync") + k.asm["ptx"].count("wgmma.mma_async")
+           for name, k in (("apply", apply), ("outer", outer))}
+    return {**mma, **{name: k.asm["ptx"].count("fma.rn.f32") for name, k in (("build_fma", build),
+                                                                            ("term_grads_fma", grads))}}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -483,7 +595,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", default="results/proto_small_matrix.json")
     args = ap.parse_args(argv)
     if args.sm90:
-        print(f"sm_90 bf16, tensor-core instructions in the PTX of the fused products: {sm90_products()}")
+        print(f"sm_90 bf16, mma / fma instructions in the PTX of the prototype's kernels: {sm90_products()}")
         return 0
     if args.check:
         print(f"small-matrix WTConv vs the reference, float64, output and six gradients: max relative {check():.1e}")
@@ -498,23 +610,23 @@ def main(argv: Optional[list[str]] = None) -> int:
         for r in gpu_rows(*shape):
             rows.append(r)
             print(f"  {r}", flush=True)
-    hdr = (f"{'shape (B,C,H,W,L)':20} {'impl':18} {'fwd ms':>8} {'f+b ms':>8} {'fwd/dw7':>8} {'f+b/dw7':>8} "
+    hdr = (f"{'shape (B,C,H,W,L)':20} {'impl':26} {'fwd ms':>8} {'f+b ms':>8} {'fwd/dw7':>8} {'f+b/dw7':>8} "
            f"{'peak MB':>8}  bf16 err y / dx / dww")
     lines = []
     for r in rows:
         e = r.get("rel_err_vs_fp64")
         err = f"  {e['y']:.1e} / {e['dx']:.1e} / {e['dww']:.1e}" if e else ""
         shape = f"{r['B']},{r['C']},{r['H']},{r['W']},{r['levels']}"
-        lines.append(f"{shape:20} {r['impl']:18} {r['fwd_ms']:8.3f} "
+        lines.append(f"{shape:20} {r['impl']:26} {r['fwd_ms']:8.3f} "
                      f"{r['fwdbwd_ms']:8.3f} {r['fwd_vs_dw7']:8.2f} {r['fwdbwd_vs_dw7']:8.2f} {r['peak_mb']:8.1f}{err}")
     report(args.out, gpu_env(), hdr, lines, rows,
            note="bf16 channels-last; part_* rows: one piece of small_matrix alone (in the fwd ms column)")
     if args.model:
         mrows = model_rows()
-        mlines = [f"{r['task']:6} {r['model']:30} {r['ms']:8.2f} {r['img_s']:8.0f} {r.get('peak_gb', 0):8.2f} "
+        mlines = [f"{r['task']:6} {r['model']:36} {r['ms']:8.2f} {r['img_s']:8.0f} {r.get('peak_gb', 0):8.2f} "
                   f"{r['img_s_vs_convnext']:8.2f}" for r in mrows]
         report(Path(args.out).with_name(Path(args.out).stem + "_model.json"), gpu_env(),
-               f"{'task':6} {'model (bf16 AMP, eager)':30} {'ms':>8} {'img/s':>8} {'peak GB':>8} {'vs CNX':>8}",
+               f"{'task':6} {'model (bf16 AMP, eager)':36} {'ms':>8} {'img/s':>8} {'peak GB':>8} {'vs CNX':>8}",
                mlines, mrows, note="B=128 training (AdamW), B=256 inference, 224², channels-last")
     return 0
 

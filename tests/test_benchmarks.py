@@ -314,16 +314,18 @@ def test_small_matrix_prototype_is_the_reference_in_float64() -> None:
     assert proto_small_matrix.check(shapes=((2, 3, 7, 5, 2), (1, 2, 6, 9, 3))) < 1e-10
 
 
-def test_small_matrix_products_compile_to_tensor_core_code() -> None:
-    """The prototype's fused products (3-D tl.dot over channels-last maps) compile for sm_90 in bf16 and use the
-    tensor cores (a subprocess without the interpreter, whose decorators cannot compile)."""
+def test_small_matrix_kernels_compile_for_sm90() -> None:
+    """The prototype's kernels compile for sm_90 in bf16: the fused products (3-D tl.dot over channels-last maps)
+    on the tensor cores, the sparse build and term gradients on fp32 FMAs (a subprocess without the interpreter,
+    whose decorators cannot compile)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(ab_kernels.__file__).with_name("proto_small_matrix.py")
     proc = subprocess.run([sys.executable, str(script), "--sm90"], capture_output=True, text=True, timeout=600,
                           env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     counts = ast.literal_eval(proc.stdout.split(": ", 1)[1].strip())  # the printed dict of mma counts
-    assert counts["apply"] > 0 and counts["outer"] > 0, proc.stdout
+    assert counts["apply"] > 0 and counts["outer"] > 0, proc.stdout  # tensor cores
+    assert counts["build_fma"] > 0 and counts["term_grads_fma"] > 0, proc.stdout
 
 
 @pytest.mark.triton
