@@ -20,22 +20,24 @@ levels 0.85x):
   ``d wf = dM E^T``. Autograd of the torch expression below runs exactly these GEMMs (cuBLAS, fp32 accumulation,
   deterministic), and the chain rule of the scale folding.
 
-This is the prototype that the design is decided on, not the product: stride 1 only, channels-last maps moved to
-(C, B, n) and back by copies (a fused kernel loads them in place), M rebuilt on every call. Two variants:
-``wtconv_small_matrix`` (plain autograd, which keeps M and x's copy for the backward) and
-``wtconv_small_matrix_lean`` (saves only x and the parameters, a group of channels at a time: a built-out op's
-memory), whose products run either by torch.bmm on the copies or (``fused=True``) by two Triton kernels that read
-and write the channels-last maps in place, each channel the batch index of a 3-D ``tl.dot`` (tensor cores: mma.sync
-in sm_90 code from triton 3.6 and 3.8); and M and the term gradients either by dense GEMMs with E (9.6 GFLOP each
-at 14², 384 channels) or (``sparse=True``) by two Triton kernels over E's nonzeros (at most 13 terms reach an entry
-of M: about 4 % of the GEMM's multiply-adds, on the CUDA cores). ``--check`` runs the fused kernels in Triton's interpreter in float64 only:
-the interpreter multiplies bf16 operands of ``tl.dot`` wrongly (triton 3.8, errors ~1e10 on a 16 x 16 product
-that is right in fp32), so their bf16 figures come from the GPU run. The GPU run times
-forward and forward + backward (``triton.testing.do_bench``, median) of today's fused layer, this one (and its
-parts: the build, the layout copies, the products) and cuDNN's depthwise 7x7 / 5x5, channels-last, bf16, and the
-bf16 error of both fused layers against float64 at each shape, and the peak memory of forward + backward (this
-prototype's autograd keeps M and the (C, B, n) copy of x for the backward: a built-out op would keep neither); it
-prints a table and writes JSON.
+This is the prototype that the design is decided on, not the product: stride 1 only, M rebuilt on every call.
+Variants:
+
+- ``wtconv_small_matrix``: plain autograd, which keeps M and the (C, B, n) copy of x for the backward;
+- ``wtconv_small_matrix_lean``: saves only x and the parameters and works a group of channels at a time (a
+  built-out op's memory). Its products run by torch.bmm on (C, B, n) copies of the channels-last maps, or
+  (``fused=True``) by two Triton kernels that read and write the maps in place, each channel the batch index of a
+  3-D ``tl.dot`` (tensor cores: mma.sync in sm_90 code from triton 3.6 and 3.8). M and the term gradients come from
+  dense GEMMs with E (9.6 GFLOP each at 14², 384 channels) or (``sparse=True``) from two Triton kernels over E's
+  nonzeros (at most 13 terms reach an entry of M: about 4 % of the GEMM's multiply-adds, on the CUDA cores).
+
+``--check`` runs the Triton kernels in the interpreter in float64 only: the interpreter multiplies bf16 operands of
+``tl.dot`` wrongly (triton 3.8: errors ~1e10 on a 16 x 16 product that is right in fp32), so their bf16 figures
+come from the GPU run. The GPU run times forward and forward + backward (``triton.testing.do_bench``, median) of
+today's fused layer, each variant (and their parts: the builds, the layout copies, the products) and cuDNN's
+depthwise 7x7 / 5x5, channels-last, bf16, with the bf16 error of each fused layer against float64 and the peak
+memory of forward + backward; it prints a table and writes JSON. ``--model`` then times wtconvnext_tiny with its
+stage 3-4 layers on the prototype (``patch_small_maps``) beside the model itself and ConvNeXt-T.
 """
 
 from __future__ import annotations
