@@ -27,7 +27,9 @@ Variants:
 - ``wtconv_small_matrix_lean``: saves only x and the parameters and works a group of channels at a time (a
   built-out op's memory). Its products run by torch.bmm on (C, B, n) copies of the channels-last maps, or
   (``fused=True``) by two Triton kernels that read and write the maps in place, each channel the batch index of a
-  3-D ``tl.dot`` (tensor cores: mma.sync in sm_90 code from triton 3.6 and 3.8). M and the term gradients come from
+  3-D ``tl.dot`` (tensor cores: mma.sync in sm_90 code from triton 3.6 and 3.8), or (``tile=SPLIT_TILE``) by two
+  kernels that split four channels out of one load and run a 2-D ``tl.dot`` per channel, 64-row tiles (Hopper's
+  wgmma in sm_90 code from triton 3.6 and 3.8). M and the term gradients come from
   dense GEMMs with E (9.6 GFLOP each at 14², 384 channels) or (``sparse=True``) from two Triton kernels over E's
   nonzeros (at most 13 terms reach an entry of M: about 4 % of the GEMM's multiply-adds, on the CUDA cores).
 
@@ -167,34 +169,124 @@ def _outer_cl_kernel(dy_ptr, x_ptr, dm_ptr, B, N, CS, CG,
              mask=cm[:, None, None] & pm[None, :, None] & qm[None, None, :])
 
 
-_TILE = dict(BB=32, BN=32, BK=32, BC=4, BP=32, BQ=32)  # the fused products' tiles (3-D dot: M, N, K >= 16)
+@triton.jit
+def _quarters(t):
+    """The four channel slices (channels 0, 1, 2, 3) of a (R, S, 4) tile, each (R, S): two splits of the
+    channel axis, no data movement."""
+    r: tl.constexpr = t.shape[0]
+    c: tl.constexpr = t.shape[1]
+    even, odd = tl.split(tl.reshape(t, (r, c, 2, 2)))  # channel 2i + j: j = 0 / 1
+    c0, c2 = tl.split(even)
+    c1, c3 = tl.split(odd)
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _join4(c0, c1, c2, c3):
+    """_quarters' inverse: four (R, S) channel slices as one (R, S, 4) tile."""
+    return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), (c0.shape[0], c0.shape[1], 4))
+
+
+@triton.jit
+def _apply_cl_split_kernel(x_ptr, a_ptr, y_ptr, B, N, CS, CG, sa_c, sa_p, sa_q,
+                           BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ACC: tl.constexpr):
+    """_apply_cl_kernel for 4 channels per program as four 2-D products (a (BB, BK) x (BK, BN) tensor-core dot
+    per channel, which Hopper may run as wgmma), the channels split out of one coalesced (BB, BK, 4) load and
+    joined back for one (BB, BN, 4) store."""
+    bb, pp, cc = _tile(N, BB, BN, 4)
+    bm, pm, cm = bb < B, pp < N, cc < CG
+    # Four accumulators, each its own zeros (not one tensor four times: see PERF.md on loop-carried values).
+    a0, a1 = tl.zeros((BB, BN), dtype=ACC), tl.zeros((BB, BN), dtype=ACC)
+    a2, a3 = tl.zeros((BB, BN), dtype=ACC), tl.zeros((BB, BN), dtype=ACC)
+    xrow = bb.to(tl.int64)[:, None, None] * N
+    for k0 in range(0, N, BK):
+        qq = k0 + tl.arange(0, BK)
+        qm = qq < N
+        xt = tl.load(x_ptr + (xrow + qq[None, :, None]) * CS + cc[None, None, :],
+                     mask=bm[:, None, None] & qm[None, :, None] & cm[None, None, :], other=0.0)  # (BB, BK, 4)
+        x0, x1, x2, x3 = _quarters(xt)
+        at = tl.load(a_ptr + cc[:, None, None] * sa_c + qq[None, :, None] * sa_q + pp[None, None, :] * sa_p,
+                     mask=cm[:, None, None] & qm[None, :, None] & pm[None, None, :], other=0.0)  # (4, BK, BN)
+        m0, m1, m2, m3 = _quarters(tl.permute(at, (1, 2, 0)))
+        a0 = tl.dot(x0, m0, a0)
+        a1 = tl.dot(x1, m1, a1)
+        a2 = tl.dot(x2, m2, a2)
+        a3 = tl.dot(x3, m3, a3)
+    out = _join4(a0, a1, a2, a3).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + (xrow + pp[None, :, None]) * CS + cc[None, None, :], out,
+             mask=bm[:, None, None] & pm[None, :, None] & cm[None, None, :])
+
+
+@triton.jit
+def _outer_cl_split_kernel(dy_ptr, x_ptr, dm_ptr, B, N, CS, CG,
+                           BP: tl.constexpr, BQ: tl.constexpr, BB: tl.constexpr, ACC: tl.constexpr):
+    """_outer_cl_kernel for 4 channels per program as four 2-D products ((BP, BB) x (BB, BQ) per channel)."""
+    pp, qq, cc = _tile(N, BP, BQ, 4)
+    pm, qm, cm = pp < N, qq < N, cc < CG
+    a0, a1 = tl.zeros((BP, BQ), dtype=ACC), tl.zeros((BP, BQ), dtype=ACC)
+    a2, a3 = tl.zeros((BP, BQ), dtype=ACC), tl.zeros((BP, BQ), dtype=ACC)
+    for b0 in range(0, B, BB):
+        bb = b0 + tl.arange(0, BB)
+        bm = bb < B
+        row = bb.to(tl.int64)[:, None, None] * N
+        dyt = tl.load(dy_ptr + (row + pp[None, :, None]) * CS + cc[None, None, :],
+                      mask=bm[:, None, None] & pm[None, :, None] & cm[None, None, :], other=0.0)  # (BB, BP, 4)
+        xt = tl.load(x_ptr + (row + qq[None, :, None]) * CS + cc[None, None, :],
+                     mask=bm[:, None, None] & qm[None, :, None] & cm[None, None, :], other=0.0)  # (BB, BQ, 4)
+        d0, d1, d2, d3 = _quarters(dyt)
+        x0, x1, x2, x3 = _quarters(xt)
+        a0 = tl.dot(tl.trans(d0), x0, a0)
+        a1 = tl.dot(tl.trans(d1), x1, a1)
+        a2 = tl.dot(tl.trans(d2), x2, a2)
+        a3 = tl.dot(tl.trans(d3), x3, a3)
+    out = tl.permute(_join4(a0, a1, a2, a3), (2, 0, 1))
+    base = cc.to(tl.int64)[:, None, None] * N * N
+    tl.store(dm_ptr + base + pp[None, :, None] * N + qq[None, None, :], out.to(dm_ptr.dtype.element_ty),
+             mask=cm[:, None, None] & pm[None, :, None] & qm[None, None, :])
+
+
+# The fused products' tiles (3-D dot: M, N, K >= 16); SPLIT: the four-channel 2-D-dot kernels (BC = 4).
+_TILE = dict(BB=32, BN=32, BK=32, BC=4, BP=32, BQ=32, SPLIT=0)
+# The split kernels at 64-row tiles: Triton (3.6 and 3.8) emits Hopper's wgmma for them (32 rows: mma.sync).
+SPLIT_TILE = dict(SPLIT=1, BB=64, BN=64, BK=32, BP=64, BQ=64)
 
 
 def _acc_of(t: Tensor):
     return tl.float64 if t.dtype == torch.float64 else tl.float32
 
 
-def _apply_cl(x: Tensor, a: Tensor, y: Tensor, transpose: bool) -> None:
+def _apply_cl(x: Tensor, a: Tensor, y: Tensor, transpose: bool, tile: Optional[dict] = None) -> None:
     """y = the per-channel product of x (B, CG, H, W channels-last view, any channel offset) with a (CG, n, n)
-    (or its transpose), written into the channels-last view y, by _apply_cl_kernel."""
+    (or its transpose), written into the channels-last view y, by _apply_cl_kernel (``tile``: _TILE entries to
+    change)."""
     bsz, cg, h, w = x.shape
-    n, t = h * w, _TILE
+    n, t = h * w, {**_TILE, **(tile or {})}
     sc, sp, sq = a.stride()
     if transpose:
         sp, sq = sq, sp
-    grid = (triton.cdiv(bsz, t["BB"]) * triton.cdiv(n, t["BN"]), triton.cdiv(cg, t["BC"]))
+    bc = 4 if t["SPLIT"] else t["BC"]
+    grid = (triton.cdiv(bsz, t["BB"]) * triton.cdiv(n, t["BN"]), triton.cdiv(cg, bc))
+    if t["SPLIT"]:
+        _apply_cl_split_kernel[grid](x, a, y, bsz, n, x.stride(3), cg, sc, sp, sq, BB=t["BB"], BN=t["BN"],
+                                     BK=t["BK"], ACC=_acc_of(x))
+        return
     _apply_cl_kernel[grid](x, a, y, bsz, n, x.stride(3), cg, sc, sp, sq, BB=t["BB"], BN=t["BN"], BK=t["BK"],
-                           BC=t["BC"], ACC=_acc_of(x))
+                           BC=bc, ACC=_acc_of(x))
 
 
-def _outer_cl(dy: Tensor, x: Tensor) -> Tensor:
+def _outer_cl(dy: Tensor, x: Tensor, tile: Optional[dict] = None) -> Tensor:
     """(CG, n, n) = sum over images of dy's pixels times x's, per channel (_outer_cl_kernel), in x's dtype."""
     bsz, cg, h, w = x.shape
-    n, t = h * w, _TILE
+    n, t = h * w, {**_TILE, **(tile or {})}
     dm = torch.empty(cg, n, n, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(n, t["BP"]) * triton.cdiv(n, t["BQ"]), triton.cdiv(cg, t["BC"]))
-    _outer_cl_kernel[grid](dy, x, dm, bsz, n, x.stride(3), cg, BP=t["BP"], BQ=t["BQ"], BB=t["BB"], BC=t["BC"],
-                           ACC=_acc_of(x))
+    bc = 4 if t["SPLIT"] else t["BC"]
+    grid = (triton.cdiv(n, t["BP"]) * triton.cdiv(n, t["BQ"]), triton.cdiv(cg, bc))
+    if t["SPLIT"]:
+        _outer_cl_split_kernel[grid](dy, x, dm, bsz, n, x.stride(3), cg, BP=t["BP"], BQ=t["BQ"], BB=t["BB"],
+                                     ACC=_acc_of(x))
+    else:
+        _outer_cl_kernel[grid](dy, x, dm, bsz, n, x.stride(3), cg, BP=t["BP"], BQ=t["BQ"], BB=t["BB"], BC=bc,
+                               ACC=_acc_of(x))
     return dm
 
 
@@ -284,9 +376,10 @@ class SmallMatrixLean(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
-                wavelet_scale: Tensor, group: int = 128, fused: bool = False, sparse: bool = False) -> Tensor:
+                wavelet_scale: Tensor, group: int = 128, fused: bool = False, sparse: bool = False,
+                tile: Optional[dict] = None) -> Tensor:
         ctx.save_for_backward(x, weight, bias, base_scale, wavelet_weight, wavelet_scale)
-        ctx.group, ctx.fused, ctx.sparse = group, fused, sparse
+        ctx.group, ctx.fused, ctx.sparse, ctx.tile = group, fused, sparse, tile
         x = x.contiguous(memory_format=torch.channels_last)
         bsz, c, h, w = x.shape
         basis, wf = _basis_and_terms(x, weight, base_scale, wavelet_weight, wavelet_scale)
@@ -296,7 +389,7 @@ class SmallMatrixLean(torch.autograd.Function):
             c1 = min(c, c0 + group)
             m = _matrices(wf[c0:c1], basis, h * w, tables)
             if fused:
-                _apply_cl(x[:, c0:c1], m, y[:, c0:c1], transpose=False)
+                _apply_cl(x[:, c0:c1], m, y[:, c0:c1], transpose=False, tile=tile)
                 continue
             xt = x[:, c0:c1].permute(1, 0, 2, 3).reshape(c1 - c0, bsz, h * w)
             y[:, c0:c1] = torch.bmm(xt, m.transpose(1, 2)).reshape(c1 - c0, bsz, h, w).permute(1, 0, 2, 3)
@@ -320,9 +413,9 @@ class SmallMatrixLean(torch.autograd.Function):
             c1 = min(c, c0 + group)
             m = _matrices(wf[c0:c1], basis, n, tables)
             if ctx.fused:
-                _apply_cl(dy[:, c0:c1], m, dx[:, c0:c1], transpose=True)
+                _apply_cl(dy[:, c0:c1], m, dx[:, c0:c1], transpose=True, tile=ctx.tile)
                 del m
-                dm = _outer_cl(dy[:, c0:c1], x[:, c0:c1])
+                dm = _outer_cl(dy[:, c0:c1], x[:, c0:c1], tile=ctx.tile)
             else:
                 dyt = dy[:, c0:c1].permute(1, 0, 2, 3).reshape(c1 - c0, bsz, n)
                 dx[:, c0:c1] = torch.bmm(dyt, m).reshape(c1 - c0, bsz, h, w).permute(1, 0, 2, 3)
@@ -349,7 +442,7 @@ class SmallMatrixLean(torch.autograd.Function):
         d_ws = (d_lev * wavelet_weight.to(acc).reshape(levels, c, 4, kk)).sum(-1)
         cast = lambda g, p: None if g is None else g.to(p.dtype)  # noqa: E731
         return (dx, cast(d_weight, weight), cast(d_bias, bias), cast(d_base_scale, base_scale),
-                cast(d_ww, wavelet_weight), cast(d_ws, wavelet_scale), None, None, None)
+                cast(d_ww, wavelet_weight), cast(d_ws, wavelet_scale), None, None, None, None)
 
 
 def _basis_and_terms(x: Tensor, weight: Tensor, base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor
@@ -369,19 +462,21 @@ def _matrices(wf: Tensor, basis: Tensor, n: int, tables: Optional[tuple] = None)
 
 def wtconv_small_matrix_lean(x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor,
                              wavelet_weight: Tensor, wavelet_scale: Tensor, group: int = 128, fused: bool = False,
-                             sparse: bool = False) -> Tensor:
+                             sparse: bool = False, tile: Optional[dict] = None) -> Tensor:
     """:class:`SmallMatrixLean` as a function (stride 1, output channels-last); ``fused``: the products by the
     Triton kernels above, on the channels-last maps in place, else by torch.bmm on (C, B, n) copies; ``sparse``:
-    M and the term gradients from E's nonzeros (term_tables' kernels), else by dense GEMMs with E."""
-    return SmallMatrixLean.apply(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, group, fused, sparse)
+    M and the term gradients from E's nonzeros (term_tables' kernels), else by dense GEMMs with E; ``tile``: the
+    fused products' _TILE entries to change."""
+    return SmallMatrixLean.apply(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, group, fused, sparse,
+                                 tile)
 
 
-def patch_small_maps(model: torch.nn.Module, max_pixels: int = 256, group: int = 128, sparse: bool = False
-                     ) -> torch.nn.Module:
+def patch_small_maps(model: torch.nn.Module, max_pixels: int = 256, group: int = 128, sparse: bool = False,
+                     tile: Optional[dict] = None) -> torch.nn.Module:
     """Run every stride-1 WTConv layer of ``model`` whose map has at most ``max_pixels`` pixels through
     ``wtconv_small_matrix_lean(fused=True)`` (in place; under autocast its input and parameters in the autocast
-    dtype, as a convolution's; ``sparse``: M and the term gradients by the sparse kernels), the others unchanged: the
-    prototype's A/B inside a model."""
+    dtype, as a convolution's; ``sparse``: M and the term gradients by the sparse kernels; ``tile``: the products'
+    _TILE entries to change), the others unchanged: the prototype's A/B inside a model."""
     from wtconvnext.layers.wtconv2d import WTConv2d
 
     for mod in model.modules():
@@ -397,8 +492,8 @@ def patch_small_maps(model: torch.nn.Module, max_pixels: int = 256, group: int =
                 dt = torch.get_autocast_dtype(dev)
                 with torch.autocast(dev, enabled=False):
                     return wtconv_small_matrix_lean(x.to(dt), *[None if p is None else p.to(dt) for p in ps],
-                                                    group=group, fused=True, sparse=sparse)
-            return wtconv_small_matrix_lean(x, *ps, group=group, fused=True, sparse=sparse)
+                                                    group=group, fused=True, sparse=sparse, tile=tile)
+            return wtconv_small_matrix_lean(x, *ps, group=group, fused=True, sparse=sparse, tile=tile)
 
         mod.forward = forward
     return model
@@ -415,7 +510,9 @@ def model_rows(batch: int = 128, infer_batch: int = 256) -> list[dict]:
     for name, patch, label in (("convnext_tiny", None, "convnext_tiny"), ("wtconvnext_tiny", None, "wtconvnext_tiny"),
                                ("wtconvnext_tiny", patch_small_maps, "wtconvnext_tiny+small_matrix"),
                                ("wtconvnext_tiny", functools.partial(patch_small_maps, sparse=True),
-                                "wtconvnext_tiny+small_matrix_sparse")):
+                                "wtconvnext_tiny+small_matrix_sparse"),
+                               ("wtconvnext_tiny", functools.partial(patch_small_maps, sparse=True, tile=SPLIT_TILE),
+                                "wtconvnext_tiny+small_matrix_split")):
         r = dict(model=label, task="train", **bm._train_case(name, True, False, batch, 5, 20, patch=patch))
         rows.append(r)
         print(f"  {r}", flush=True)
@@ -459,6 +556,7 @@ def check(shapes=((2, 3, 14, 14, 3), (2, 4, 7, 7, 2), (1, 2, 9, 6, 2), (2, 3, 5,
             if os.environ.get("TRITON_INTERPRET") == "1":  # (the kernels take CPU tensors only in the interpreter)
                 fns.append(lambda *a: wtconv_small_matrix_lean(*a, group=2, fused=True))
                 fns.append(lambda *a: wtconv_small_matrix_lean(*a, group=2, fused=True, sparse=True))
+                fns.append(lambda *a: wtconv_small_matrix_lean(*a, group=2, fused=True, tile=SPLIT_TILE))
             for fn in fns:
                 got = _grads(fn, xcl, params, dy)
                 for name, r, o in zip(("y", "dx", "dw", "db", "dbs", "dww", "dws"), ref, got):
@@ -476,7 +574,6 @@ def _rel(a: Tensor, ref: Tensor) -> float:
 def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str = "cuda") -> list[dict]:
     """Time every implementation at one shape (bf16, channels-last) and measure the fused layers' bf16 error."""
     from benchmarks.bench_layer import _bench, _peak_mb  # (do_bench's median; peak above the start, MiB)
-    from benchmarks.common import with_entries
     from wtconvnext.ops import wtconv2d
 
     dt, cl = torch.bfloat16, torch.channels_last
@@ -497,7 +594,8 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
     for name, fn in (("wtconv_triton_cl", lambda *a: wtconv2d(*a, backend="triton")),
                      ("small_matrix", wtconv_small_matrix), ("small_matrix_lean", wtconv_small_matrix_lean),
                      ("small_matrix_fused", fused),
-                     ("small_matrix_fused_sparse", functools.partial(fused, sparse=True))):
+                     ("small_matrix_fused_sparse", functools.partial(fused, sparse=True)),
+                     ("small_matrix_split", functools.partial(fused, tile=SPLIT_TILE))):
         got = _grads(fn, x[sub], params, dy[sub])
         errs[name] = dict(zip(("y", "dx", "dw", "db", "dbs", "dww", "dws"), (_rel(o, r) for o, r in zip(got, exact))))
 
@@ -506,8 +604,8 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
         ps = [t.detach().requires_grad_() for t in ws]
         return (lambda: fn(xi, *ps)), (lambda: torch.autograd.grad(fn(xi, *ps), [xi, *ps], dy))
 
-    def tiled(**tile):  # the fused variant with other tiles (_TILE updated while it runs)
-        return lambda *a: with_entries(lambda: fused(*a), _TILE, tile)()
+    def tiled(**tile):  # the fused variant with other tiles
+        return functools.partial(fused, tile=tile)
 
     g2 = torch.Generator(device=dev).manual_seed(1)
     dws = {kk: [torch.randn(c, 1, kk, kk, device=dev, generator=g2).to(dt) * 0.1,
@@ -519,8 +617,11 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
         "small_matrix_fused": layer(fused, params),
         "small_matrix_fused_bc8": layer(tiled(BC=8), params),
         "small_matrix_fused_64": layer(tiled(BB=64, BN=64, BP=64, BQ=64), params),
+        "small_matrix_split": layer(tiled(**SPLIT_TILE), params),
+        "small_matrix_split_32": layer(tiled(SPLIT=1, BB=32, BN=32, BK=32, BP=32, BQ=32), params),
         "small_matrix_fused_sparse": layer(functools.partial(wtconv_small_matrix_lean, fused=True, sparse=True),
                                            params),
+        "small_matrix_split_sparse": layer(functools.partial(fused, sparse=True, tile=SPLIT_TILE), params),
         "dw7_cl": layer(lambda xi, wt, bi: F.conv2d(xi, wt, bi, padding=3, groups=c), dws[7]),
         "dw5_cl": layer(lambda xi, wt, bi: F.conv2d(xi, wt, bi, padding=2, groups=c), dws[5]),
     }
@@ -550,6 +651,8 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
         "part_dwf_gemm": lambda: dm.reshape(c, n * n) @ basis.reshape(-1, n * n).t(),
         "part_fused_apply": lambda: _apply_cl(x, m, torch.empty_like(x), transpose=False),
         "part_fused_outer": lambda: _outer_cl(dy, x),
+        "part_split_apply": lambda: _apply_cl(x, m, torch.empty_like(x), transpose=False, tile=SPLIT_TILE),
+        "part_split_outer": lambda: _outer_cl(dy, x, tile=SPLIT_TILE),
         "part_sparse_build": lambda: _build_m(wf, tables, n),
         "part_sparse_term_grads": lambda: _term_grads(dm, tables, dwf),
     }
@@ -565,8 +668,8 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
 
 def sm90_products() -> dict[str, int]:
     """Compile the prototype's kernels for sm_90 in bf16 at the default tiles (no GPU needed; the kernels must be
-    decorated without the interpreter): the tensor-core instructions (``mma``) in the products' PTX, the fp32 FMAs
-    in the sparse build's and term gradients'."""
+    decorated without the interpreter): the tensor-core instructions in the products' PTX (mma.sync; the split
+    kernels at SPLIT_TILE: Hopper's wgmma), the fp32 FMAs in the sparse build's and term gradients'."""
     from benchmarks.common import compile_sm90
 
     ptr = {"B": "i32", "N": "i32", "CS": "i32", "CG": "i32"}
@@ -582,8 +685,15 @@ def sm90_products() -> dict[str, int]:
     grads = compile_sm90(_term_grads_kernel, {"dm_ptr": "*bf16", "tptr_ptr": "*i64", "tpq_ptr": "*i32",
                                               "tcoef_ptr": "*fp32", "dwf_ptr": "*fp32", "NN": "i32", "T": "i32",
                                               "CG": "i32"}, dict(BL=128, BC=16, ACC=tl.float32))
-    mma = {name: k.asm["ptx"].count("mma.sync") + k.asm["ptx"].count("wgmma.mma_async")
-           for name, k in (("apply", apply), ("outer", outer))}
+    st = SPLIT_TILE
+    split_apply = compile_sm90(_apply_cl_split_kernel, {"x_ptr": "*bf16", "a_ptr": "*bf16", "y_ptr": "*bf16", **ptr,
+                                                        "sa_c": "i32", "sa_p": "i32", "sa_q": "i32"},
+                               dict(BB=st["BB"], BN=st["BN"], BK=st["BK"], ACC=tl.float32))
+    split_outer = compile_sm90(_outer_cl_split_kernel, {"dy_ptr": "*bf16", "x_ptr": "*bf16", "dm_ptr": "*bf16", **ptr},
+                               dict(BP=st["BP"], BQ=st["BQ"], BB=st["BB"], ACC=tl.float32))
+    mma = {name: k.asm["ptx"].count("mma.sync") for name, k in (("apply", apply), ("outer", outer))}
+    mma.update({name: k.asm["ptx"].count("wgmma.mma_async")
+                for name, k in (("split_apply_wgmma", split_apply), ("split_outer_wgmma", split_outer))})
     return {**mma, **{name: k.asm["ptx"].count("fma.rn.f32") for name, k in (("build_fma", build),
                                                                             ("term_grads_fma", grads))}}
 
