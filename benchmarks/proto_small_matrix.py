@@ -249,6 +249,7 @@ def _outer_cl_split_kernel(dy_ptr, x_ptr, dm_ptr, B, N, CS, CG,
 _TILE = dict(BB=32, BN=32, BK=32, BC=4, BP=32, BQ=32, SPLIT=0)
 # The split kernels at 64-row tiles: Triton (3.6 and 3.8) emits Hopper's wgmma for them (32 rows: mma.sync).
 SPLIT_TILE = dict(SPLIT=1, BB=64, BN=64, BK=32, BP=64, BQ=64)
+GROUP_BYTES = 32 << 20  # the lean variant's default channel group: its M within 32 MiB (stages 3-4: one group)
 
 
 def _acc_of(t: Tensor):
@@ -372,16 +373,18 @@ def _term_grads(dm: Tensor, tables: tuple, out: Tensor) -> None:
 class SmallMatrixLean(torch.autograd.Function):
     """The same layer as :func:`wtconv_small_matrix` with a built-out op's memory: it saves only x and the
     parameters (the backward rebuilds M and the (C, B, n) copy of x) and works through the channels in groups of
-    ``group``, so that M, dM and the layout copies of a group are all the transient memory there is."""
+    ``group`` (None: as many as keep a group's M within GROUP_BYTES), so that M, dM and the layout copies of a group
+    are all the transient memory there is."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
-                wavelet_scale: Tensor, group: int = 128, fused: bool = False, sparse: bool = False,
+                wavelet_scale: Tensor, group: Optional[int] = None, fused: bool = False, sparse: bool = False,
                 tile: Optional[dict] = None) -> Tensor:
         ctx.save_for_backward(x, weight, bias, base_scale, wavelet_weight, wavelet_scale)
-        ctx.group, ctx.fused, ctx.sparse, ctx.tile = group, fused, sparse, tile
         x = x.contiguous(memory_format=torch.channels_last)
         bsz, c, h, w = x.shape
+        group = group or max(1, GROUP_BYTES // ((h * w) ** 2 * x.element_size()))
+        ctx.group, ctx.fused, ctx.sparse, ctx.tile = group, fused, sparse, tile
         basis, wf = _basis_and_terms(x, weight, base_scale, wavelet_weight, wavelet_scale)
         tables = term_tables(h, w, wavelet_weight.shape[0], weight.shape[-1], str(x.device)) if sparse else None
         y = torch.empty_like(x, memory_format=torch.channels_last)
@@ -461,7 +464,8 @@ def _matrices(wf: Tensor, basis: Tensor, n: int, tables: Optional[tuple] = None)
 
 
 def wtconv_small_matrix_lean(x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor,
-                             wavelet_weight: Tensor, wavelet_scale: Tensor, group: int = 128, fused: bool = False,
+                             wavelet_weight: Tensor, wavelet_scale: Tensor, group: Optional[int] = None,
+                             fused: bool = False,
                              sparse: bool = False, tile: Optional[dict] = None) -> Tensor:
     """:class:`SmallMatrixLean` as a function (stride 1, output channels-last); ``fused``: the products by the
     Triton kernels above, on the channels-last maps in place, else by torch.bmm on (C, B, n) copies; ``sparse``:
@@ -471,7 +475,7 @@ def wtconv_small_matrix_lean(x: Tensor, weight: Tensor, bias: Optional[Tensor], 
                                  tile)
 
 
-def patch_small_maps(model: torch.nn.Module, max_pixels: int = 256, group: int = 128, sparse: bool = False,
+def patch_small_maps(model: torch.nn.Module, max_pixels: int = 256, group: Optional[int] = None, sparse: bool = False,
                      tile: Optional[dict] = None) -> torch.nn.Module:
     """Run every stride-1 WTConv layer of ``model`` whose map has at most ``max_pixels`` pixels through
     ``wtconv_small_matrix_lean(fused=True)`` (in place; under autocast its input and parameters in the autocast
@@ -622,6 +626,7 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
         "small_matrix_fused_sparse": layer(functools.partial(wtconv_small_matrix_lean, fused=True, sparse=True),
                                            params),
         "small_matrix_split_sparse": layer(functools.partial(fused, sparse=True, tile=SPLIT_TILE), params),
+        "small_matrix_split_g64": layer(functools.partial(fused, tile=SPLIT_TILE, group=64), params),
         "dw7_cl": layer(lambda xi, wt, bi: F.conv2d(xi, wt, bi, padding=3, groups=c), dws[7]),
         "dw5_cl": layer(lambda xi, wt, bi: F.conv2d(xi, wt, bi, padding=2, groups=c), dws[5]),
     }
