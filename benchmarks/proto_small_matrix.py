@@ -4,7 +4,8 @@ Usage::
 
     python benchmarks/proto_small_matrix.py --check            # any machine: exactness against the reference (CPU)
     python benchmarks/proto_small_matrix.py --sm90             # any machine: the fused products compile for sm_90
-    python benchmarks/proto_small_matrix.py [--model] [--out FILE.json]  # a CUDA GPU: beside today's kernels, cuDNN
+    python benchmarks/proto_small_matrix.py [--out FILE.json]  # a CUDA GPU: the layer beside today's kernels, cuDNN
+    python benchmarks/proto_small_matrix.py --model --out FILE.json  # a CUDA GPU: wtconvnext_tiny with it
 
 WTConv is linear in x and shift-varying only through the Haar grid, so for a fixed map size each channel's layer is
 an (H·W) x (H·W) matrix: ``y_c = M_c x_c + bias_c``. At stages 3-4 (14², 7²) that matrix is small (196² and 49²
@@ -38,8 +39,8 @@ Variants:
 come from the GPU run. The GPU run times forward and forward + backward (``triton.testing.do_bench``, median) of
 today's fused layer, each variant (and their parts: the builds, the layout copies, the products) and cuDNN's
 depthwise 7x7 / 5x5, channels-last, bf16, with the bf16 error of each fused layer against float64 and the peak
-memory of forward + backward; it prints a table and writes JSON. ``--model`` then times wtconvnext_tiny with its
-stage 3-4 layers on the prototype (``patch_small_maps``) beside the model itself and ConvNeXt-T.
+memory of forward + backward; it prints a table and writes JSON. ``--model`` times wtconvnext_tiny with its stage
+3-4 layers on the prototype (``patch_small_maps``) beside the model itself and ConvNeXt-T instead.
 """
 
 from __future__ import annotations
@@ -708,7 +709,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--check", action="store_true", help="exactness against the reference in float64 (CPU)")
     ap.add_argument("--sm90", action="store_true", help="compile the fused products for sm_90 (no GPU needed)")
     ap.add_argument("--model", action="store_true",
-                    help="also AMP training / inference of wtconvnext_tiny with stages 3-4 on the prototype")
+                    help="instead of the layer table: AMP training / inference of wtconvnext_tiny with its stage 3-4 "
+                         "layers on the prototype, beside the model and ConvNeXt-T")
     ap.add_argument("--out", default="results/proto_small_matrix.json")
     args = ap.parse_args(argv)
     if args.sm90:
@@ -722,6 +724,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     from benchmarks.common import gpu_env, report
 
+    if args.model:
+        mrows = model_rows()
+        mlines = [f"{r['task']:6} {r['model']:36} {r['ms']:8.2f} {r['img_s']:8.0f} {r.get('peak_gb', 0):8.2f} "
+                  f"{r['img_s_vs_convnext']:8.2f}" for r in mrows]
+        report(args.out, gpu_env(),
+               f"{'task':6} {'model (bf16 AMP, eager)':36} {'ms':>8} {'img/s':>8} {'peak GB':>8} {'vs CNX':>8}",
+               mlines, mrows, note="B=128 training (AdamW), B=256 inference, 224², channels-last")
+        return 0
     rows = []
     for shape in SHAPES:
         for r in gpu_rows(*shape):
@@ -738,13 +748,6 @@ def main(argv: Optional[list[str]] = None) -> int:
                      f"{r['fwdbwd_ms']:8.3f} {r['fwd_vs_dw7']:8.2f} {r['fwdbwd_vs_dw7']:8.2f} {r['peak_mb']:8.1f}{err}")
     report(args.out, gpu_env(), hdr, lines, rows,
            note="bf16 channels-last; part_* rows: one piece of small_matrix alone (in the fwd ms column)")
-    if args.model:
-        mrows = model_rows()
-        mlines = [f"{r['task']:6} {r['model']:36} {r['ms']:8.2f} {r['img_s']:8.0f} {r.get('peak_gb', 0):8.2f} "
-                  f"{r['img_s_vs_convnext']:8.2f}" for r in mrows]
-        report(Path(args.out).with_name(Path(args.out).stem + "_model.json"), gpu_env(),
-               f"{'task':6} {'model (bf16 AMP, eager)':36} {'ms':>8} {'img/s':>8} {'peak GB':>8} {'vs CNX':>8}",
-               mlines, mrows, note="B=128 training (AdamW), B=256 inference, 224², channels-last")
     return 0
 
 
