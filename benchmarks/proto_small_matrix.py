@@ -477,11 +477,13 @@ def wtconv_small_matrix_lean(x: Tensor, weight: Tensor, bias: Optional[Tensor], 
 
 
 def patch_small_maps(model: torch.nn.Module, max_pixels: int = 256, group: Optional[int] = None, sparse: bool = False,
-                     tile: Optional[dict] = None) -> torch.nn.Module:
+                     tile: Optional[dict] = None, cache: bool = False) -> torch.nn.Module:
     """Run every stride-1 WTConv layer of ``model`` whose map has at most ``max_pixels`` pixels through
     ``wtconv_small_matrix_lean(fused=True)`` (in place; under autocast its input and parameters in the autocast
     dtype, as a convolution's; ``sparse``: M and the term gradients by the sparse kernels; ``tile``: the products'
-    _TILE entries to change), the others unchanged: the prototype's A/B inside a model."""
+    _TILE entries to change), the others unchanged: the prototype's A/B inside a model. ``cache``: without autograd
+    (inference), each layer keeps its M for as long as its parameters (their versions), dtype and map size stay, so
+    a forward is one product."""
     from wtconvnext.layers.wtconv2d import WTConv2d
 
     for mod in model.modules():
@@ -495,19 +497,39 @@ def patch_small_maps(model: torch.nn.Module, max_pixels: int = 256, group: Optio
             dev = x.device.type
             if torch.is_autocast_enabled(dev):
                 dt = torch.get_autocast_dtype(dev)
-                with torch.autocast(dev, enabled=False):
-                    return wtconv_small_matrix_lean(x.to(dt), *[None if p is None else p.to(dt) for p in ps],
-                                                    group=group, fused=True, sparse=sparse, tile=tile)
-            return wtconv_small_matrix_lean(x, *ps, group=group, fused=True, sparse=sparse, tile=tile)
+                x, ps = x.to(dt), [None if p is None else p.to(dt) for p in ps]
+            with torch.autocast(dev, enabled=False):
+                if cache and not torch.is_grad_enabled():
+                    return _cached_forward(mod, x, ps, sparse, tile)
+                return wtconv_small_matrix_lean(x, *ps, group=group, fused=True, sparse=sparse, tile=tile)
 
         mod.forward = forward
     return model
 
 
+def _cached_forward(mod: torch.nn.Module, x: Tensor, ps: list, sparse: bool, tile: Optional[dict]) -> Tensor:
+    """A forward without autograd from the M that ``mod`` keeps (built again when a parameter changed: the
+    versions of the module's own parameters key it, with the dtype and map size)."""
+    weight, bias, base_scale, wavelet_weight, wavelet_scale = ps
+    own = [p for p in (mod.weight, mod.bias, mod.base_scale, mod.wavelet_weight, mod.wavelet_scale) if p is not None]
+    key = (tuple(p._version for p in own), x.dtype, x.device, x.shape[-2:])
+    hit = getattr(mod, "_small_matrix_cache", None)
+    if hit is None or hit[0] != key:
+        h, w = x.shape[-2:]
+        basis, wf = _basis_and_terms(x, weight, base_scale, wavelet_weight, wavelet_scale)
+        tables = term_tables(h, w, wavelet_weight.shape[0], weight.shape[-1], str(x.device)) if sparse else None
+        shift = None if bias is None else (bias * base_scale).to(x.dtype).reshape(1, -1, 1, 1)
+        hit = mod._small_matrix_cache = (key, _matrices(wf, basis, h * w, tables), shift)
+    x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.empty_like(x, memory_format=torch.channels_last)
+    _apply_cl(x, hit[1], y, transpose=False, tile=tile)
+    return y if hit[2] is None else y.add_(hit[2])
+
+
 def model_rows(batch: int = 128, infer_batch: int = 256) -> list[dict]:
     """AMP training and inference of convnext_tiny, wtconvnext_tiny and wtconvnext_tiny with its stage 3-4 layers
-    on the fused small-matrix products (M by GEMM, and by the sparse kernels), side by side (bench_model.py's
-    cases)."""
+    on the fused small-matrix products (M by GEMM, by the sparse kernels; split products; inference with M kept),
+    side by side (bench_model.py's cases)."""
     from benchmarks import bench_model as bm
 
     torch.backends.cudnn.benchmark = True
@@ -517,7 +539,10 @@ def model_rows(batch: int = 128, infer_batch: int = 256) -> list[dict]:
                                ("wtconvnext_tiny", functools.partial(patch_small_maps, sparse=True),
                                 "wtconvnext_tiny+small_matrix_sparse"),
                                ("wtconvnext_tiny", functools.partial(patch_small_maps, sparse=True, tile=SPLIT_TILE),
-                                "wtconvnext_tiny+small_matrix_split")):
+                                "wtconvnext_tiny+small_matrix_split"),
+                               ("wtconvnext_tiny", functools.partial(patch_small_maps, sparse=True, tile=SPLIT_TILE,
+                                                                     cache=True),
+                                "wtconvnext_tiny+small_matrix_split_cached")):
         r = dict(model=label, task="train", **bm._train_case(name, True, False, batch, 5, 20, patch=patch))
         rows.append(r)
         print(f"  {r}", flush=True)

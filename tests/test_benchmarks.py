@@ -365,3 +365,46 @@ def test_small_matrix_patch_keeps_a_models_results() -> None:
     y.square().sum().backward()
     for (name, a), b in zip(ref.named_parameters(), model.parameters()):
         assert ((b.grad - a.grad).abs().max() / a.grad.abs().max().clamp_min(1e-30)).item() < 1e-10, name
+
+
+@pytest.mark.triton
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="float64 products need the interpreter's exact arithmetic (see above)")
+def test_small_matrix_inference_cache_follows_the_parameters() -> None:
+    """The prototype's inference path keeps each layer's M: a second forward builds none and gives the same
+    output as the ordinary model, and a changed parameter (its version) makes the layer build M again."""
+    import timm
+
+    from benchmarks import proto_small_matrix
+
+    torch.manual_seed(0)
+    ref = timm.create_model("test_wtconvnext", num_classes=10).double().eval()
+    with torch.no_grad():
+        for prm in ref.parameters():
+            prm.normal_(0, 0.2)
+    model = timm.create_model("test_wtconvnext", num_classes=10).double().eval()
+    model.load_state_dict(ref.state_dict())
+    proto_small_matrix.patch_small_maps(model, cache=True)
+    builds = []
+    build = proto_small_matrix._matrices
+    proto_small_matrix._matrices = lambda *a: builds.append(1) or build(*a)
+    try:
+        x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+        with torch.no_grad():
+            y_ref = ref(x)
+            outs = [model(x)]
+            counts = [len(builds)]
+            outs.append(model(x))
+            counts.append(len(builds))
+            layer = next(m for m in model.modules() if hasattr(m, "_small_matrix_cache"))
+            layer.wavelet_scale.mul_(2.0)
+            ref.get_submodule(next(n for n, m in model.named_modules() if m is layer)).wavelet_scale.mul_(2.0)
+            outs.append(model(x))
+            counts.append(len(builds))
+            y_changed = ref(x)
+    finally:
+        proto_small_matrix._matrices = build
+    # Every small-map layer built its M once, none in the second forward, only the changed layer in the third.
+    assert counts[0] > 0 and counts[1] == counts[0] and counts[2] == counts[0] + 1, counts
+    for got, want in ((outs[0], y_ref), (outs[1], y_ref), (outs[2], y_changed)):
+        assert ((got - want).abs().max() / want.abs().max()).item() < 1e-10
