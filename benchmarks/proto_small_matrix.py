@@ -106,7 +106,7 @@ def wtconv_small_matrix(x: Tensor, weight: Tensor, bias: Optional[Tensor], base_
     channels-last. Differentiable: autograd's backward is the GEMMs of the module docstring."""
     bsz, c, h, w = x.shape
     n = h * w
-    basis, wf = _basis_and_terms(x, weight, base_scale, wavelet_weight, wavelet_scale)
+    wf, basis, _ = _operator_terms(x, weight, base_scale, wavelet_weight, wavelet_scale)
     m = _matrices(wf, basis, n)
     xt = x.permute(1, 0, 2, 3).reshape(c, bsz, n)  # a copy for channels-last x: (C, B, n)
     y = torch.bmm(xt, m.transpose(1, 2)).reshape(c, bsz, h, w).permute(1, 0, 2, 3)
@@ -386,8 +386,7 @@ class SmallMatrixLean(torch.autograd.Function):
         bsz, c, h, w = x.shape
         group = group or max(1, GROUP_BYTES // ((h * w) ** 2 * x.element_size()))
         ctx.group, ctx.fused, ctx.sparse, ctx.tile = group, fused, sparse, tile
-        basis, wf = _basis_and_terms(x, weight, base_scale, wavelet_weight, wavelet_scale)
-        tables = term_tables(h, w, wavelet_weight.shape[0], weight.shape[-1], str(x.device)) if sparse else None
+        wf, basis, tables = _operator_terms(x, weight, base_scale, wavelet_weight, wavelet_scale, sparse)
         y = torch.empty_like(x, memory_format=torch.channels_last)
         for c0 in range(0, c, group):
             c1 = min(c, c0 + group)
@@ -408,11 +407,10 @@ class SmallMatrixLean(torch.autograd.Function):
         dy = dy.contiguous(memory_format=torch.channels_last)
         bsz, c, h, w = x.shape
         n, group = h * w, ctx.group
-        basis, wf = _basis_and_terms(x, weight, base_scale, wavelet_weight, wavelet_scale)
-        tables = term_tables(h, w, wavelet_weight.shape[0], weight.shape[-1], str(x.device)) if ctx.sparse else None
+        wf, basis, tables = _operator_terms(x, weight, base_scale, wavelet_weight, wavelet_scale, ctx.sparse)
         dx = torch.empty_like(x, memory_format=torch.channels_last)
         acc = torch.promote_types(x.dtype, torch.float32)  # the gradients' arithmetic: fp32 (fp64 for fp64)
-        dwf = torch.empty(c, basis.shape[0], dtype=acc, device=x.device)
+        dwf = torch.empty(wf.shape, dtype=acc, device=x.device)
         for c0 in range(0, c, group):
             c1 = min(c, c0 + group)
             m = _matrices(wf[c0:c1], basis, n, tables)
@@ -449,14 +447,18 @@ class SmallMatrixLean(torch.autograd.Function):
                 cast(d_ww, wavelet_weight), cast(d_ws, wavelet_scale), None, None, None, None)
 
 
-def _basis_and_terms(x: Tensor, weight: Tensor, base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor
-                     ) -> tuple[Tensor, Tensor]:
-    """(term basis in x's dtype, (C, T) folded terms in x's dtype) of a layer over x's map size."""
-    basis = term_basis(x.shape[2], x.shape[3], wavelet_weight.shape[0], weight.shape[-1], x.dtype, str(x.device))
-    return basis, folded_terms(weight, base_scale, wavelet_weight, wavelet_scale).to(x.dtype)
+def _operator_terms(x: Tensor, weight: Tensor, base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor,
+                    sparse: bool = False) -> tuple[Tensor, Optional[Tensor], Optional[tuple]]:
+    """((C, T) folded terms in x's dtype, the term basis in x's dtype or None, term_tables or None) of a layer over
+    x's map size: the basis for GEMM-built M, the tables (``sparse``) for the sparse kernels, never both."""
+    h, w, levels, k = x.shape[2], x.shape[3], wavelet_weight.shape[0], weight.shape[-1]
+    wf = folded_terms(weight, base_scale, wavelet_weight, wavelet_scale).to(x.dtype)
+    if sparse:
+        return wf, None, term_tables(h, w, levels, k, str(x.device))
+    return wf, term_basis(h, w, levels, k, x.dtype, str(x.device)), None
 
 
-def _matrices(wf: Tensor, basis: Tensor, n: int, tables: Optional[tuple] = None) -> Tensor:
+def _matrices(wf: Tensor, basis: Optional[Tensor], n: int, tables: Optional[tuple] = None) -> Tensor:
     """(C, n, n): each channel's operator, ``wf @ E`` (a dense GEMM), or with ``tables`` (term_tables) by
     _build_m_kernel from E's nonzeros."""
     if tables is not None:
@@ -515,11 +517,9 @@ def _cached_forward(mod: torch.nn.Module, x: Tensor, ps: list, sparse: bool, til
     key = (tuple(p._version for p in own), x.dtype, x.device, x.shape[-2:])
     hit = getattr(mod, "_small_matrix_cache", None)
     if hit is None or hit[0] != key:
-        h, w = x.shape[-2:]
-        basis, wf = _basis_and_terms(x, weight, base_scale, wavelet_weight, wavelet_scale)
-        tables = term_tables(h, w, wavelet_weight.shape[0], weight.shape[-1], str(x.device)) if sparse else None
+        wf, basis, tables = _operator_terms(x, weight, base_scale, wavelet_weight, wavelet_scale, sparse)
         shift = None if bias is None else (bias * base_scale).to(x.dtype).reshape(1, -1, 1, 1)
-        hit = mod._small_matrix_cache = (key, _matrices(wf, basis, h * w, tables), shift)
+        hit = mod._small_matrix_cache = (key, _matrices(wf, basis, x.shape[-2] * x.shape[-1], tables), shift)
     x = x.contiguous(memory_format=torch.channels_last)
     y = torch.empty_like(x, memory_format=torch.channels_last)
     _apply_cl(x, hit[1], y, transpose=False, tile=tile)

@@ -70,6 +70,8 @@ class RowsLayerNorm2d(LayerNorm2d):
     looped reduction (see ``WTConvNeXtBlock.forward``)."""
 
     def forward(self, x: Tensor) -> Tensor:
+        # timm's LayerNorm.forward on the rows would say this once, but TorchScript (timm's suite scripts the model)
+        # cannot call another class's method on self.
         y = x.permute(0, 2, 3, 1)
         if self._fast_norm:
             z = fast_layer_norm(y.flatten(1, 2), self.normalized_shape, self.weight, self.bias, self.eps)
