@@ -331,6 +331,62 @@ def _build_m_kernel(wf_ptr, idx_ptr, coef_ptr, m_ptr, NN, T, CG, J: tl.constexpr
 
 
 @triton.jit
+def _tap_of(py, px, qy, qx, K: tl.constexpr):
+    """(whether q is within a K x K tap of p, the tap's index ky * K + kx) for cross-correlation 'same' padding."""
+    dy = qy - py + K // 2
+    dx = qx - px + K // 2
+    return (dy >= 0) & (dy < K) & (dx >= 0) & (dx < K), dy * K + dx
+
+
+@triton.jit
+def _build_m_analytic_kernel(wf_ptr, m_ptr, N, W, CG, T, K: tl.constexpr, LEVELS: tl.constexpr, BPQ: tl.constexpr,
+                             BC: tl.constexpr, ACC: tl.constexpr):
+    """_build_m_kernel without E's tables: E in closed form. Output pixel p takes input pixel q through base tap
+    q - p (+ K // 2 per axis) where that is inside the kernel, and through level l's subband s where the level-l
+    pixels P = p >> l, Q = q >> l are a tap apart, times 4^-l and the Haar signs: LL +1, the row high-pass -1 where
+    p's and q's rows differ in bit l - 1, the column one likewise, the diagonal their product. (Zero padding at
+    every level adds nothing else: equal to term_basis at odd and non-square sizes, tests/test_benchmarks.py.)"""
+    KK: tl.constexpr = K * K
+    pq = tl.program_id(0) * BPQ + tl.arange(0, BPQ)
+    cc = tl.program_id(1) * BC + tl.arange(0, BC)
+    pm, cm = pq < N * N, cc < CG
+    p = pq // N
+    q = pq - p * N
+    py, px = p // W, p % W
+    qy, qx = q // W, q % W
+    row = cc.to(tl.int64)[:, None] * T
+    ok, tap = _tap_of(py, px, qy, qx, K)
+    m2 = cm[:, None] & (pm & ok)[None, :]
+    acc = tl.load(wf_ptr + row + tap[None, :], mask=m2, other=0.0).to(ACC)
+    for lv in tl.static_range(1, LEVELS + 1):
+        ok, tap = _tap_of(py >> lv, px >> lv, qy >> lv, qx >> lv, K)
+        sy = 1 - 2 * (((py ^ qy) >> (lv - 1)) & 1)
+        sx = 1 - 2 * (((px ^ qx) >> (lv - 1)) & 1)
+        m2 = cm[:, None] & (pm & ok)[None, :]
+        at = wf_ptr + row + (KK + 4 * (lv - 1) * KK + tap)[None, :]
+        s0 = tl.load(at, mask=m2, other=0.0).to(ACC)
+        s1 = tl.load(at + KK, mask=m2, other=0.0).to(ACC)
+        s2 = tl.load(at + 2 * KK, mask=m2, other=0.0).to(ACC)
+        s3 = tl.load(at + 3 * KK, mask=m2, other=0.0).to(ACC)
+        syf = sy.to(ACC)[None, :]
+        sxf = sx.to(ACC)[None, :]
+        acc += (s0 + syf * s1 + sxf * (s2 + syf * s3)) * (0.25 ** lv)
+    tl.store(m_ptr + cc.to(tl.int64)[:, None] * N * N + pq[None, :], acc.to(m_ptr.dtype.element_ty),
+             mask=cm[:, None] & pm[None, :])
+
+
+def _build_m_analytic(wf: Tensor, h: int, w: int, levels: int, k: int) -> Tensor:
+    """(CG, n, n) by _build_m_analytic_kernel from the (CG, T) term weights, in wf's dtype: no tables."""
+    cg, terms = wf.shape
+    n = h * w
+    m = torch.empty(cg, n, n, dtype=wf.dtype, device=wf.device)
+    grid = (triton.cdiv(n * n, 256), triton.cdiv(cg, 8))
+    _build_m_analytic_kernel[grid](wf.contiguous(), m, n, w, cg, terms, K=k, LEVELS=levels, BPQ=256, BC=8,
+                                   ACC=_acc_of(wf))
+    return m
+
+
+@triton.jit
 def _term_grads_kernel(dm_ptr, tptr_ptr, tpq_ptr, tcoef_ptr, dwf_ptr, NN, T, CG, BL: tl.constexpr,
                        BC: tl.constexpr, ACC: tl.constexpr):
     """dwf[c, t] = sum over the entries (p, q) that term t reaches of coef dm[c, p, q], in a fixed order
@@ -379,7 +435,7 @@ class SmallMatrixLean(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
-                wavelet_scale: Tensor, group: Optional[int] = None, fused: bool = False, sparse: bool = False,
+                wavelet_scale: Tensor, group: Optional[int] = None, fused: bool = False, sparse: bool | str = False,
                 tile: Optional[dict] = None) -> Tensor:
         ctx.save_for_backward(x, weight, bias, base_scale, wavelet_weight, wavelet_scale)
         x = x.contiguous(memory_format=torch.channels_last)
@@ -448,11 +504,13 @@ class SmallMatrixLean(torch.autograd.Function):
 
 
 def _operator_terms(x: Tensor, weight: Tensor, base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor,
-                    sparse: bool = False) -> tuple[Tensor, Optional[Tensor], Optional[tuple]]:
+                    sparse: bool | str = False) -> tuple[Tensor, Optional[Tensor], Optional[tuple]]:
     """((C, T) folded terms in x's dtype, the term basis in x's dtype or None, term_tables or None) of a layer over
     x's map size: the basis for GEMM-built M, the tables (``sparse``) for the sparse kernels, never both."""
     h, w, levels, k = x.shape[2], x.shape[3], wavelet_weight.shape[0], weight.shape[-1]
     wf = folded_terms(weight, base_scale, wavelet_weight, wavelet_scale).to(x.dtype)
+    if sparse == "analytic":  # M by the closed-form build (no tables); the term gradients as sparse
+        return wf, None, (*term_tables(h, w, levels, k, str(x.device)), (h, w, levels, k))
     if sparse:
         return wf, None, term_tables(h, w, levels, k, str(x.device))
     return wf, term_basis(h, w, levels, k, x.dtype, str(x.device)), None
@@ -461,6 +519,8 @@ def _operator_terms(x: Tensor, weight: Tensor, base_scale: Tensor, wavelet_weigh
 def _matrices(wf: Tensor, basis: Optional[Tensor], n: int, tables: Optional[tuple] = None) -> Tensor:
     """(C, n, n): each channel's operator, ``wf @ E`` (a dense GEMM), or with ``tables`` (term_tables) by
     _build_m_kernel from E's nonzeros."""
+    if tables is not None and len(tables) == 6:  # sparse="analytic": (h, w, levels, k) last
+        return _build_m_analytic(wf, *tables[5])
     if tables is not None:
         return _build_m(wf, tables, n)
     return (wf @ basis.reshape(basis.shape[0], n * n)).reshape(wf.shape[0], n, n)
@@ -469,7 +529,7 @@ def _matrices(wf: Tensor, basis: Optional[Tensor], n: int, tables: Optional[tupl
 def wtconv_small_matrix_lean(x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor,
                              wavelet_weight: Tensor, wavelet_scale: Tensor, group: Optional[int] = None,
                              fused: bool = False,
-                             sparse: bool = False, tile: Optional[dict] = None) -> Tensor:
+                             sparse: bool | str = False, tile: Optional[dict] = None) -> Tensor:
     """:class:`SmallMatrixLean` as a function (stride 1, output channels-last); ``fused``: the products by the
     Triton kernels above, on the channels-last maps in place, else by torch.bmm on (C, B, n) copies; ``sparse``:
     M and the term gradients from E's nonzeros (term_tables' kernels), else by dense GEMMs with E; ``tile``: the
@@ -478,7 +538,7 @@ def wtconv_small_matrix_lean(x: Tensor, weight: Tensor, bias: Optional[Tensor], 
                                  tile)
 
 
-def patch_small_maps(model: torch.nn.Module, max_pixels: int = 256, group: Optional[int] = None, sparse: bool = False,
+def patch_small_maps(model: torch.nn.Module, max_pixels: int = 256, group: Optional[int] = None, sparse: bool | str = False,
                      tile: Optional[dict] = None, cache: bool = False) -> torch.nn.Module:
     """Run every stride-1 WTConv layer of ``model`` whose map has at most ``max_pixels`` pixels through
     ``wtconv_small_matrix_lean(fused=True)`` (in place; under autocast its input and parameters in the autocast
@@ -587,6 +647,7 @@ def check(shapes=((2, 3, 14, 14, 3), (2, 4, 7, 7, 2), (1, 2, 9, 6, 2), (2, 3, 5,
                 fns.append(lambda *a: wtconv_small_matrix_lean(*a, group=2, fused=True))
                 fns.append(lambda *a: wtconv_small_matrix_lean(*a, group=2, fused=True, sparse=True))
                 fns.append(lambda *a: wtconv_small_matrix_lean(*a, group=2, fused=True, tile=SPLIT_TILE))
+                fns.append(lambda *a: wtconv_small_matrix_lean(*a, group=2, fused=True, sparse="analytic"))
             for fn in fns:
                 got = _grads(fn, xcl, params, dy)
                 for name, r, o in zip(("y", "dx", "dw", "db", "dbs", "dww", "dws"), ref, got):
@@ -653,6 +714,7 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
                                            params),
         "small_matrix_split_sparse": layer(functools.partial(fused, sparse=True, tile=SPLIT_TILE), params),
         "small_matrix_split_g64": layer(functools.partial(fused, tile=SPLIT_TILE, group=64), params),
+        "small_matrix_split_analytic": layer(functools.partial(fused, sparse="analytic", tile=SPLIT_TILE), params),
         "dw7_cl": layer(lambda xi, wt, bi: F.conv2d(xi, wt, bi, padding=3, groups=c), dws[7]),
         "dw5_cl": layer(lambda xi, wt, bi: F.conv2d(xi, wt, bi, padding=2, groups=c), dws[5]),
     }
@@ -685,6 +747,7 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
         "part_split_apply": lambda: _apply_cl(x, m, torch.empty_like(x), transpose=False, tile=SPLIT_TILE),
         "part_split_outer": lambda: _outer_cl(dy, x, tile=SPLIT_TILE),
         "part_sparse_build": lambda: _build_m(wf, tables, n),
+        "part_analytic_build": lambda: _build_m_analytic(wf, h, w, levels, k),
         "part_sparse_term_grads": lambda: _term_grads(dm, tables, dwf),
     }
     for name, fn in parts.items():
