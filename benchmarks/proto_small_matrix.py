@@ -418,10 +418,78 @@ def _build_m(wf: Tensor, tables: tuple, n: int) -> Tensor:
     return m
 
 
+@triton.jit
+def _term_grads_analytic_kernel(dm_ptr, dwf_ptr, N, H, W, CG, T, K: tl.constexpr, BE: tl.constexpr,
+                                BC: tl.constexpr, ACC: tl.constexpr):
+    """_term_grads_kernel without tables: one program per base tap, or per level and tap (its four subbands at
+    once), and BC channels; it walks exactly the entries (p, q) its terms reach, in a fixed order. Base tap o:
+    q = p + o. Level l, tap o: level-l pixels P, Q = P + o, then every pixel pair of their 2^l x 2^l blocks
+    (e = (P, i, j)), signed as in _build_m_analytic_kernel, times 4^-l."""
+    KK: tl.constexpr = K * K
+    g = tl.program_id(0) // KK
+    t = tl.program_id(0) % KK
+    oy = t // K - K // 2
+    ox = t % K - K // 2
+    cc = tl.program_id(1) * BC + tl.arange(0, BC)
+    cm = cc < CG
+    rows = cc.to(tl.int64)[:, None] * N * N
+    if g == 0:
+        acc = tl.zeros((BC, BE), dtype=ACC)
+        for p0 in range(0, N, BE):
+            p = p0 + tl.arange(0, BE)
+            qy = p // W + oy
+            qx = p % W + ox
+            ok = (p < N) & (qy >= 0) & (qy < H) & (qx >= 0) & (qx < W)
+            acc += tl.load(dm_ptr + rows + (p * N + qy * W + qx)[None, :], mask=cm[:, None] & ok[None, :],
+                           other=0.0).to(ACC)
+        tl.store(dwf_ptr + cc * T + t, tl.sum(acc, axis=1), mask=cm)
+    else:
+        s = 1 << g  # the level's block side
+        hl = (H + s - 1) >> g
+        wl = (W + s - 1) >> g
+        any_pair = (oy < hl) & (-oy < hl) & (ox < wl) & (-ox < wl)
+        end = tl.where(any_pair, hl * wl * s * s * s * s, 0)
+        a0 = tl.zeros((BC, BE), dtype=ACC)
+        a1 = tl.zeros((BC, BE), dtype=ACC)
+        a2 = tl.zeros((BC, BE), dtype=ACC)
+        a3 = tl.zeros((BC, BE), dtype=ACC)
+        for e0 in range(0, end, BE):
+            e = e0 + tl.arange(0, BE)
+            pp = e >> (4 * g)  # the level pixel P
+            i = (e >> (2 * g)) & (s * s - 1)  # p within P's block
+            j = e & (s * s - 1)  # q within Q's block
+            py_l = pp // wl
+            px_l = pp % wl
+            iy, ix, jy, jx = i >> g, i & (s - 1), j >> g, j & (s - 1)
+            py, px = py_l * s + iy, px_l * s + ix
+            qy, qx = (py_l + oy) * s + jy, (px_l + ox) * s + jx
+            ok = ((e < end) & (py < H) & (px < W) & (py_l + oy >= 0) & (py_l + oy < hl) & (px_l + ox >= 0)
+                  & (px_l + ox < wl) & (qy < H) & (qx < W))
+            v = tl.load(dm_ptr + rows + ((py * W + px) * N + qy * W + qx)[None, :], mask=cm[:, None] & ok[None, :],
+                        other=0.0).to(ACC)
+            sy = (1 - 2 * (((iy ^ jy) >> (g - 1)) & 1)).to(ACC)[None, :]
+            sx = (1 - 2 * (((ix ^ jx) >> (g - 1)) & 1)).to(ACC)[None, :]
+            a0 += v
+            a1 += sy * v
+            a2 += sx * v
+            a3 += sy * sx * v
+        scale = 1.0 / (s * s).to(ACC)
+        at = dwf_ptr + cc * T + KK + 4 * (g - 1) * KK + t
+        tl.store(at, tl.sum(a0, axis=1) * scale, mask=cm)
+        tl.store(at + KK, tl.sum(a1, axis=1) * scale, mask=cm)
+        tl.store(at + 2 * KK, tl.sum(a2, axis=1) * scale, mask=cm)
+        tl.store(at + 3 * KK, tl.sum(a3, axis=1) * scale, mask=cm)
+
+
 def _term_grads(dm: Tensor, tables: tuple, out: Tensor) -> None:
-    """out (CG, T) fp32 = dM's sums per term (_term_grads_kernel)."""
-    t_ptr, t_pq, t_coef = tables[2], tables[3], tables[4]
+    """out (CG, T) fp32 = dM's sums per term (_term_grads_kernel; tables (h, w, levels, k): the analytic one)."""
     cg, n = dm.shape[0], dm.shape[1]
+    if len(tables) == 4:
+        h, w, levels, k = tables
+        _term_grads_analytic_kernel[(k * k * (1 + levels), triton.cdiv(cg, 8))](
+            dm, out, n, h, w, cg, out.shape[1], K=k, BE=128, BC=8, ACC=_acc_of(out))
+        return
+    t_ptr, t_pq, t_coef = tables[2], tables[3], tables[4]
     terms = t_ptr.shape[0] - 1
     _term_grads_kernel[(terms, triton.cdiv(cg, 16))](dm, t_ptr, t_pq, t_coef, out, n * n, terms, cg, BL=128, BC=16,
                                                      ACC=_acc_of(out))
@@ -509,8 +577,8 @@ def _operator_terms(x: Tensor, weight: Tensor, base_scale: Tensor, wavelet_weigh
     x's map size: the basis for GEMM-built M, the tables (``sparse``) for the sparse kernels, never both."""
     h, w, levels, k = x.shape[2], x.shape[3], wavelet_weight.shape[0], weight.shape[-1]
     wf = folded_terms(weight, base_scale, wavelet_weight, wavelet_scale).to(x.dtype)
-    if sparse == "analytic":  # M by the closed-form build (no tables); the term gradients as sparse
-        return wf, None, (*term_tables(h, w, levels, k, str(x.device)), (h, w, levels, k))
+    if sparse == "analytic":  # M and the term gradients by the closed-form kernels: no tables, just the sizes
+        return wf, None, (h, w, levels, k)
     if sparse:
         return wf, None, term_tables(h, w, levels, k, str(x.device))
     return wf, term_basis(h, w, levels, k, x.dtype, str(x.device)), None
@@ -519,8 +587,8 @@ def _operator_terms(x: Tensor, weight: Tensor, base_scale: Tensor, wavelet_weigh
 def _matrices(wf: Tensor, basis: Optional[Tensor], n: int, tables: Optional[tuple] = None) -> Tensor:
     """(C, n, n): each channel's operator, ``wf @ E`` (a dense GEMM), or with ``tables`` (term_tables) by
     _build_m_kernel from E's nonzeros."""
-    if tables is not None and len(tables) == 6:  # sparse="analytic": (h, w, levels, k) last
-        return _build_m_analytic(wf, *tables[5])
+    if tables is not None and len(tables) == 4:  # sparse="analytic": (h, w, levels, k)
+        return _build_m_analytic(wf, *tables)
     if tables is not None:
         return _build_m(wf, tables, n)
     return (wf @ basis.reshape(basis.shape[0], n * n)).reshape(wf.shape[0], n, n)
@@ -588,21 +656,24 @@ def _cached_forward(mod: torch.nn.Module, x: Tensor, ps: list, sparse: bool, til
 
 def model_rows(batch: int = 128, infer_batch: int = 256) -> list[dict]:
     """AMP training and inference of convnext_tiny, wtconvnext_tiny and wtconvnext_tiny with its stage 3-4 layers
-    on the fused small-matrix products (M by GEMM, by the sparse kernels; split products; inference with M kept),
+    on the fused small-matrix products (3-D products with the sparse kernels; split products with the sparse or the
+    closed-form kernels; inference with M kept),
     side by side (bench_model.py's cases)."""
     from benchmarks import bench_model as bm
 
     torch.backends.cudnn.benchmark = True
     rows = []
     for name, patch, label in (("convnext_tiny", None, "convnext_tiny"), ("wtconvnext_tiny", None, "wtconvnext_tiny"),
-                               ("wtconvnext_tiny", patch_small_maps, "wtconvnext_tiny+small_matrix"),
+                               ("wtconvnext_tiny", functools.partial(patch_small_maps, sparse="analytic",
+                                                                     tile=SPLIT_TILE),
+                                "wtconvnext_tiny+small_matrix_split_analytic"),
                                ("wtconvnext_tiny", functools.partial(patch_small_maps, sparse=True),
                                 "wtconvnext_tiny+small_matrix_sparse"),
                                ("wtconvnext_tiny", functools.partial(patch_small_maps, sparse=True, tile=SPLIT_TILE),
                                 "wtconvnext_tiny+small_matrix_split"),
-                               ("wtconvnext_tiny", functools.partial(patch_small_maps, sparse=True, tile=SPLIT_TILE,
-                                                                     cache=True),
-                                "wtconvnext_tiny+small_matrix_split_cached")):
+                               ("wtconvnext_tiny", functools.partial(patch_small_maps, sparse="analytic",
+                                                                     tile=SPLIT_TILE, cache=True),
+                                "wtconvnext_tiny+small_matrix_split_analytic_cached")):
         r = dict(model=label, task="train", **bm._train_case(name, True, False, batch, 5, 20, patch=patch))
         rows.append(r)
         print(f"  {r}", flush=True)
@@ -748,6 +819,7 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
         "part_split_outer": lambda: _outer_cl(dy, x, tile=SPLIT_TILE),
         "part_sparse_build": lambda: _build_m(wf, tables, n),
         "part_analytic_build": lambda: _build_m_analytic(wf, h, w, levels, k),
+        "part_analytic_term_grads": lambda: _term_grads(dm, (h, w, levels, k), dwf),
         "part_sparse_term_grads": lambda: _term_grads(dm, tables, dwf),
     }
     for name, fn in parts.items():
@@ -779,6 +851,12 @@ def sm90_products() -> dict[str, int]:
     grads = compile_sm90(_term_grads_kernel, {"dm_ptr": "*bf16", "tptr_ptr": "*i64", "tpq_ptr": "*i32",
                                               "tcoef_ptr": "*fp32", "dwf_ptr": "*fp32", "NN": "i32", "T": "i32",
                                               "CG": "i32"}, dict(BL=128, BC=16, ACC=tl.float32))
+    abuild = compile_sm90(_build_m_analytic_kernel, {"wf_ptr": "*bf16", "m_ptr": "*bf16", "N": "i32", "W": "i32",
+                                                     "CG": "i32", "T": "i32"},
+                          dict(K=5, LEVELS=3, BPQ=256, BC=8, ACC=tl.float32))
+    agrads = compile_sm90(_term_grads_analytic_kernel, {"dm_ptr": "*bf16", "dwf_ptr": "*fp32", "N": "i32",
+                                                        "H": "i32", "W": "i32", "CG": "i32", "T": "i32"},
+                          dict(K=5, BE=128, BC=8, ACC=tl.float32))
     st = SPLIT_TILE
     split_apply = compile_sm90(_apply_cl_split_kernel, {"x_ptr": "*bf16", "a_ptr": "*bf16", "y_ptr": "*bf16", **ptr,
                                                         "sa_c": "i32", "sa_p": "i32", "sa_q": "i32"},
@@ -789,7 +867,9 @@ def sm90_products() -> dict[str, int]:
     mma.update({name: k.asm["ptx"].count("wgmma.mma_async")
                 for name, k in (("split_apply_wgmma", split_apply), ("split_outer_wgmma", split_outer))})
     return {**mma, **{name: k.asm["ptx"].count("fma.rn.f32") for name, k in (("build_fma", build),
-                                                                            ("term_grads_fma", grads))}}
+                                                                            ("term_grads_fma", grads),
+                                                                            ("analytic_build_fma", abuild),
+                                                                            ("analytic_term_grads_fma", agrads))}}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
