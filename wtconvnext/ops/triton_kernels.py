@@ -856,10 +856,15 @@ TUNING: dict[str, int] = {
     # (profile_layer.py --tuning, session 25, one run), 8 against 32 channels: 0.014 / 0.010 / 0.009 / 0.012 ms
     # against 0.052 / 0.029 / 0.019 / 0.020 at 56 / 28 / 14 / 7 (32 left 3 x 21 programs at 56 x 56, latency-bound).
     "pgrad_bc": 8,
+    # Operator matrices (matrix_kernels.py): bf16 / fp16 passes over maps of at most matrix_max rows and columns
+    # (0: never) and at least matrix_min_b images run as per-channel matrix products on the tensor cores, in
+    # matrix_tile x matrix_tile blocks. Off until measured against the one-launch pass on a GPU.
+    "matrix_max": 0, "matrix_min_b": 32, "matrix_tile": 64,
 }
 _FLAG_KEYS = ("syn1", "wgrad_unroll", "wgrad_pair")  # 0 or 1, not sizes
-_ZERO_KEYS = ("small_max", "chunk_kb")  # 0 turns the path off
-_POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc")
+_ZERO_KEYS = ("small_max", "chunk_kb", "matrix_max")  # 0 turns the path off
+_POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
+              "matrix_tile")
 
 def _tuning_from_env() -> None:
     path = os.environ.get("WTCONVNEXT_TUNING")
@@ -1241,6 +1246,8 @@ def wtconv_forward(
     levels, k = level_w.shape[0], base_w.shape[0]
     compute = _compute_dtype(x.dtype)
     syn1 = _pass_syn1()
+    if not flip and coef is None and _matrix.matrix_applies(x, levels, stride):
+        return _matrix.matrix_forward(x, out, base_w, base_b, level_w)
     if small_applies(x, levels):
         _small_pass(x, out, base_w, base_b, level_w, stride, flip, coef)
         return out
@@ -1425,12 +1432,14 @@ def batch_chunks(x: Tensor, levels: int) -> tuple[tuple[int, int], ...]:
 def param_grads(
     parts: tuple[Tensor, Tensor], x_shape: tuple[int, ...], weight: Tensor, bias: Optional[Tensor],
     base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor, round_to: Optional[torch.dtype] = None,
+    strip: Optional[int] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The parameters' gradients from :func:`weight_partials` (of an input of ``x_shape``), in one launch:
     ``(d weight, d bias, d base_scale, d wavelet_weight, d wavelet_scale)``, each contiguous in its parameter's
     shape and dtype (d bias in base_scale's dtype when there is no bias: the gradient a zero bias would get). With
     ``round_to`` (as given to :func:`folded_weights`), each is rounded through that dtype, as the backward of a
-    cast to it would."""
+    cast to it would. ``strip``: the width of the partials' column strips, if not ``TUNING["wgrad_bw"]`` (the
+    operator-matrix path's one row per level: matrix_kernels.py)."""
     bpart, lpart = parts
     bsz, _, h, w = x_shape
     ch, k, levels = weight.shape[0], weight.shape[-1], wavelet_weight.shape[0]
@@ -1448,7 +1457,7 @@ def param_grads(
         _param_grads_kernel, (_cdiv(ch, bc), 1 + 4 * levels),
         (bpart, lpart, weight, bias if bias is not None else base_scale, base_scale, wavelet_weight, wavelet_scale,
          d_weight, d_bias, d_base_scale, d_ww, d_ws, bpart.shape[0], h, w, bsz, TUNING["wgrad_imgs"]), 8,
-        C=ch, K=k, TP=tp, LEVELS=levels, BW=TUNING["wgrad_bw"], HAS_BIAS=bias is not None,
+        C=ch, K=k, TP=tp, LEVELS=levels, BW=strip or TUNING["wgrad_bw"], HAS_BIAS=bias is not None,
         BLOCK_C=bc, COMPUTE=_compute_dtype(bpart.dtype), ROUND=_tl_dtype(round_to),
         RB=max(2, 512 // tp),
     )
@@ -1456,3 +1465,4 @@ def param_grads(
 
 
 from . import small_kernels as _small  # noqa: E402  (built from the device functions above)
+from . import matrix_kernels as _matrix  # noqa: E402  (launches through the launchers above)

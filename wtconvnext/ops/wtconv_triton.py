@@ -69,6 +69,7 @@ def _in_format_of(t: Tensor, x: Tensor) -> Tensor:
 if TRITON_AVAILABLE:
     from . import compile_ahead as _ahead
     from . import launch_plan as _plan
+    from . import matrix_kernels as _matrix
     from . import triton_kernels as _tk
     from .triton_kernels import (batch_chunks, coefficient_pair, folded_weights, input_grad_buffer, param_grads,
                                  weight_partials, wtconv_forward)
@@ -134,6 +135,9 @@ if TRITON_AVAILABLE:
         if base_w is None or level_w is None:
             base_w, _, level_w = folded_weights(weight, None, base_scale, wavelet_weight, wavelet_scale, round_to)
         levels, k = wavelet_weight.shape[0], weight.shape[-1]
+        if _matrix.matrix_applies(xc, levels, 1):  # a small map's operator matrices (matrix_kernels.py)
+            return _matrix.matrix_backward(dy, xc, weight, bias, base_scale, wavelet_weight, wavelet_scale, base_w,
+                                           level_w, round_to)
         bsz = xc.shape[0]
         dx: Optional[Tensor] = None
         parts = grads = None
