@@ -37,8 +37,8 @@ import triton.language as tl
 from torch import Tensor
 
 from . import launch_plan as _plan
-from . import triton_kernels as _tk  # (TUNING read through the module: tests swap the table)
-from .triton_kernels import _acc_dtype, _cdiv, _compute_dtype, _launch, _pow2, param_grads
+from . import triton_kernels as _tk  # (TUNING and _launch read through the module: tests swap them)
+from .triton_kernels import _acc_dtype, _cdiv, _compute_dtype, _pow2, param_grads
 
 __all__ = ["matrix_applies", "matrix_forward", "matrix_backward", "MATRIX_DTYPES"]
 
@@ -291,22 +291,23 @@ def _build(base_w: Tensor, level_w: Tensor, h: int, w: int, dtype: torch.dtype) 
     ch, k, levels, n = base_w.shape[-1], base_w.shape[0], level_w.shape[0], h * w
     m = _plan.empty((ch, n, n), dtype, base_w.device)
     bc = min(8, _pow2(ch))
-    _launch(_matrix_build_kernel, (_cdiv(n * n, 256), _cdiv(ch, bc)), (base_w, level_w, m, n, w), 4,
-            C=ch, K=k, LEVELS=levels, BPQ=256, BC=bc, COMPUTE=_compute_dtype(base_w.dtype))
+    _tk._launch(_matrix_build_kernel, (_cdiv(n * n, 256), _cdiv(ch, bc)), (base_w, level_w, m, n, w), 4,
+                C=ch, K=k, LEVELS=levels, BPQ=256, BC=bc, COMPUTE=_compute_dtype(base_w.dtype))
     return m
 
 
 def _apply(x: Tensor, m: Tensor, bias: Optional[Tensor], y: Tensor, trans: bool) -> None:
     bsz, ch, h, w = x.shape
     n, t = h * w, _tk.TUNING["matrix_tile"]
-    _launch(_matrix_apply_kernel, (_cdiv(bsz, t) * _cdiv(n, t), _cdiv(ch, 4)), (x, m, m if bias is None else bias, y,
-                                                                              bsz, n), 4,
-            C=ch, TRANS=trans, HAS_BIAS=bias is not None, BB=t, BN=t, BK=32, COMPUTE=_compute_dtype(x.dtype))
+    grid = (_cdiv(bsz, t) * _cdiv(n, t), _cdiv(ch, 4))
+    _tk._launch(_matrix_apply_kernel, grid, (x, m, m if bias is None else bias, y, bsz, n), 4,
+                C=ch, TRANS=trans, HAS_BIAS=bias is not None, BB=t, BN=t, BK=32, COMPUTE=_compute_dtype(x.dtype))
 
 
 def matrix_forward(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor], level_w: Tensor) -> Tensor:
     """The stride-1 WTConv of the channels-last ``x`` into ``out`` (same shape) by the operator matrices: build,
     then apply with the folded bias (two launches). Weights from :func:`~.triton_kernels.folded_weights`."""
+    _tk._check_cl(x, out)
     m = _build(base_w, level_w, x.shape[2], x.shape[3], x.dtype)
     _apply(x, m, base_b, out, trans=False)
     return out
@@ -319,6 +320,7 @@ def matrix_backward(
     """(dx, d weight, d bias, d base_scale, d wavelet_weight, d wavelet_scale) of a stride-1 pass over the
     channels-last ``x`` by the operator matrices: M rebuilt, dx = dY M, dM = dYᵀ X, the term sums, then
     :func:`~.triton_kernels.param_grads` (five launches). M is dropped before dM is made."""
+    _tk._check_cl(dy, x)
     bsz, ch, h, w = x.shape
     n, k, levels = h * w, weight.shape[-1], wavelet_weight.shape[0]
     compute = _compute_dtype(x.dtype)
@@ -330,14 +332,14 @@ def matrix_backward(
     dm = _plan.empty((ch, n, n), torch.bfloat16 if x.element_size() == 2 else x.dtype, x.device)
     acc = _acc_dtype(x.dtype)
     ds = _plan.empty((n, ch), acc, x.device)
-    _launch(_matrix_outer_kernel, (_cdiv(n, t) * _cdiv(n, t), _cdiv(ch, 4)), (dy, x, dm, ds, bsz, n), 4,
-            C=ch, BP=t, BQ=t, BB=32, COMPUTE=compute)
+    _tk._launch(_matrix_outer_kernel, (_cdiv(n, t) * _cdiv(n, t), _cdiv(ch, 4)), (dy, x, dm, ds, bsz, n), 4,
+                C=ch, BP=t, BQ=t, BB=32, COMPUTE=compute)
     tp = _pow2(k * k + 1)
     bpart = _plan.empty((1, tp, ch), acc, x.device)
     lpart = _plan.empty((max(levels, 1), tp, 4 * ch), acc, x.device)
     bc = min(8, _pow2(ch))
-    _launch(_matrix_terms_kernel, (k * k * (1 + levels), _cdiv(ch, bc)), (dm, ds, bpart, lpart, n, h, w), 4,
-            C=ch, K=k, TP=tp, BE=128, BC=bc, COMPUTE=compute)
+    _tk._launch(_matrix_terms_kernel, (k * k * (1 + levels), _cdiv(ch, bc)), (dm, ds, bpart, lpart, n, h, w), 4,
+                C=ch, K=k, TP=tp, BE=128, BC=bc, COMPUTE=compute)
     del dm, ds
     # One partial row per level: param_grads' rows of an image of this map (strips as wide as the map).
     grads = param_grads((bpart, lpart), (1, ch, h, w), weight, bias, base_scale, wavelet_weight, wavelet_scale,
