@@ -121,3 +121,31 @@ def test_matrix_path_bf16_on_the_gpu(shape, matrix_on):
     again = _grads(lambda *a: wtconv2d(*a, backend="triton"), dev[0], [p.cuda() for p in params], dev[1])
     for name, o, a in zip(NAMES, got, again):
         assert torch.equal(o, a), name
+
+
+def test_inference_keeps_m_while_the_parameters_stay(matrix_on, monkeypatch):
+    """Without autograd a layer's M is built once and kept: later calls launch only the product and give the bits
+    of the training path's forward; an in-place parameter change (an optimizer step) builds it again; another map
+    size builds its own (in its place)."""
+    dtype = torch.float64 if DEVICE == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(5)
+    params = [p.to(DEVICE, dtype) for p in _params(3, 3, 2, True, g)]
+    x = torch.randn(2, 3, 7, 6, generator=g).to(DEVICE, dtype).contiguous(memory_format=torch.channels_last)
+    builds = []
+    build = mk._build
+    monkeypatch.setattr(mk, "_build", lambda *a: builds.append(a[2:4]) or build(*a))
+    mk._KEPT.clear()
+    with torch.no_grad():
+        first = wtconv2d(x, *params, backend="triton")
+        again = wtconv2d(x, *params, backend="triton")
+        assert len(builds) == 1 and torch.equal(first, again)
+        params[3].mul_(0.5)  # in place, as an optimizer step: its version moves
+        changed = wtconv2d(x, *params, backend="triton")
+        assert len(builds) == 2 and not torch.equal(changed, first)
+        other = wtconv2d(x[..., :5], *params, backend="triton")
+        assert len(builds) == 3 and builds[-1] == (7, 5)
+    # The training path (no cache) gives the same bits.
+    trained = wtconv2d(x.requires_grad_(), *params, backend="triton")
+    assert torch.equal(trained.detach(), changed)
+    assert other.shape[-1] == 5
+    mk._KEPT.clear()

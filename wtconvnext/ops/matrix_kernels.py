@@ -29,6 +29,7 @@ stored in bf16 for 16-bit inputs (fp16's range would not hold a batch's sums).
 
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import torch
@@ -40,12 +41,15 @@ from . import launch_plan as _plan
 from . import triton_kernels as _tk  # (TUNING and _launch read through the module: tests swap them)
 from .triton_kernels import _acc_dtype, _cdiv, _compute_dtype, _pow2, param_grads
 
-__all__ = ["matrix_applies", "matrix_forward", "matrix_backward", "MATRIX_DTYPES"]
+__all__ = ["matrix_applies", "matrix_forward", "matrix_backward", "cached_forward", "MATRIX_DTYPES"]
 
 # The dtypes the matrix path takes: tensor-core inputs. (fp32 would run tl.dot in TF32; fp32 and fp64 stay on the
 # direct kernels, which are exact. The tests add fp64, whose products the interpreter computes exactly.)
 MATRIX_DTYPES = {torch.bfloat16, torch.float16}
 _MAX_MATRIX_BYTES = 256 << 20  # M of one layer: past this the direct kernels run (no channel groups)
+# Inference: each layer's (weak reference to its weight, key, M, folded bias), by id of the weight tensor
+# (cached_forward; a WeakKeyDictionary would compare tensors with ==). An entry goes with its weight.
+_KEPT: dict[int, tuple] = {}
 
 
 @triton.jit
@@ -345,3 +349,27 @@ def matrix_backward(
     grads = param_grads((bpart, lpart), (1, ch, h, w), weight, bias, base_scale, wavelet_weight, wavelet_scale,
                         round_to, strip=_pow2(w))
     return (dx, *grads)
+
+
+def cached_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
+                   wavelet_scale: Tensor, round_to: Optional[torch.dtype]) -> Tensor:
+    """An inference forward (no autograd) of the channels-last ``x`` from the M its layer keeps: one launch.
+
+    M and the folded bias are made on a layer's first call and kept (by a weak reference to ``weight``) for as long
+    as the parameters' versions, the dtypes and the map size stay; an in-place change of any parameter (an
+    optimizer step, ``load_state_dict``) makes the next call build them again. A kept M costs C·(H·W)² elements
+    (29 MB a WTConvNeXt-T stage-3 layer in bf16; TUNING ``matrix_cache`` 0 keeps none)."""
+    params = (weight, bias, base_scale, wavelet_weight, wavelet_scale)
+    key = (tuple(None if p is None else (p.data_ptr(), p._version, p.dtype) for p in params), round_to, x.dtype,
+           x.shape[2], x.shape[3], x.device)
+    hit = _KEPT.get(id(weight))
+    if hit is None or hit[0]() is not weight or hit[1] != key:
+        base_w, base_b, level_w = _tk.folded_weights(weight, bias, base_scale, wavelet_weight, wavelet_scale,
+                                                     round_to)
+        if hit is None or hit[0]() is not weight:
+            weakref.finalize(weight, _KEPT.pop, id(weight), None)
+        hit = (weakref.ref(weight), key, _build(base_w, level_w, x.shape[2], x.shape[3], x.dtype), base_b)
+        _KEPT[id(weight)] = hit
+    out = torch.empty_like(x, memory_format=torch.channels_last)
+    _apply(x, hit[2], hit[3], out, trans=False)
+    return out

@@ -859,9 +859,10 @@ TUNING: dict[str, int] = {
     # Operator matrices (matrix_kernels.py): bf16 / fp16 passes over maps of at most matrix_max rows and columns
     # (0: never) and at least matrix_min_b images run as per-channel matrix products on the tensor cores, in
     # matrix_tile x matrix_tile blocks. Off until measured against the one-launch pass on a GPU.
-    "matrix_max": 0, "matrix_min_b": 32, "matrix_tile": 64,
+    # matrix_cache = 1: inference keeps each layer's M while its parameters stay (matrix_kernels.cached_forward).
+    "matrix_max": 0, "matrix_min_b": 32, "matrix_tile": 64, "matrix_cache": 1,
 }
-_FLAG_KEYS = ("syn1", "wgrad_unroll", "wgrad_pair")  # 0 or 1, not sizes
+_FLAG_KEYS = ("syn1", "wgrad_unroll", "wgrad_pair", "matrix_cache")  # 0 or 1, not sizes
 _ZERO_KEYS = ("small_max", "chunk_kb", "matrix_max")  # 0 turns the path off
 _POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
               "matrix_tile")
