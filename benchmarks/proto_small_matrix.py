@@ -63,6 +63,7 @@ from torch import Tensor  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from wtconvnext.ops.matrix_kernels import _join4, _quarters, _tap_of  # noqa: E402  (the product's helpers)
 from wtconvnext.ops.reference import wtconv2d_reference  # noqa: E402
 
 SHAPES = [(128, 384, 14, 14, 3), (128, 768, 7, 7, 2), (16, 768, 16, 16, 2)]  # B, C, H, W, levels (K = 5)
@@ -168,24 +169,6 @@ def _outer_cl_kernel(dy_ptr, x_ptr, dm_ptr, B, N, CS, CG,
     base = cc.to(tl.int64)[:, None, None] * N * N
     tl.store(dm_ptr + base + pp[None, :, None] * N + qq[None, None, :], acc.to(dm_ptr.dtype.element_ty),
              mask=cm[:, None, None] & pm[None, :, None] & qm[None, None, :])
-
-
-@triton.jit
-def _quarters(t):
-    """The four channel slices (channels 0, 1, 2, 3) of a (R, S, 4) tile, each (R, S): two splits of the
-    channel axis, no data movement."""
-    r: tl.constexpr = t.shape[0]
-    c: tl.constexpr = t.shape[1]
-    even, odd = tl.split(tl.reshape(t, (r, c, 2, 2)))  # channel 2i + j: j = 0 / 1
-    c0, c2 = tl.split(even)
-    c1, c3 = tl.split(odd)
-    return c0, c1, c2, c3
-
-
-@triton.jit
-def _join4(c0, c1, c2, c3):
-    """_quarters' inverse: four (R, S) channel slices as one (R, S, 4) tile."""
-    return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), (c0.shape[0], c0.shape[1], 4))
 
 
 @triton.jit
@@ -328,14 +311,6 @@ def _build_m_kernel(wf_ptr, idx_ptr, coef_ptr, m_ptr, NN, T, CG, J: tl.constexpr
         acc += wv.to(ACC) * cf[None, :]
     tl.store(m_ptr + cc[:, None].to(tl.int64) * NN + pq[None, :], acc.to(m_ptr.dtype.element_ty),
              mask=cm[:, None] & pm[None, :])
-
-
-@triton.jit
-def _tap_of(py, px, qy, qx, K: tl.constexpr):
-    """(whether q is within a K x K tap of p, the tap's index ky * K + kx) for cross-correlation 'same' padding."""
-    dy = qy - py + K // 2
-    dx = qx - px + K // 2
-    return (dy >= 0) & (dy < K) & (dx >= 0) & (dx < K), dy * K + dx
 
 
 @triton.jit
