@@ -282,7 +282,7 @@ def _matrix_terms_kernel(
 
 
 def matrix_applies(x: Tensor, levels: int, stride: int) -> bool:
-    """Whether a pass over the channels-last ``x`` runs as operator-matrix products: stride 1, a tensor-core dtype
+    """Whether a pass over ``x`` (its sizes and dtype) runs as operator-matrix products: stride 1, a tensor-core dtype
     (:data:`MATRIX_DTYPES`), a map of at most ``TUNING["matrix_max"]`` rows and columns (0: never), at least
     ``TUNING["matrix_min_b"]`` images (M's build does not shrink with the batch) and M within 256 MiB."""
     bsz, ch, h, w = x.shape

@@ -402,9 +402,9 @@ def wtconv2d_triton(
             x, weight, bias, base_scale, wavelet_weight, wavelet_scale))):
         # Inference (no_grad, inference_mode, or nothing needs a gradient): the forward alone, without the autograd
         # Function's bookkeeping and saved tensors (host time per layer call is what small inputs pay).
-        xc = _channels_last(x)
-        if _tk.TUNING["matrix_cache"] and _matrix.matrix_applies(xc, wavelet_weight.shape[0], stride):
-            return _in_format_of(_matrix.cached_forward(xc, weight, bias, base_scale, wavelet_weight, wavelet_scale,
-                                                        round_to), x)
+        # (matrix_applies reads only sizes and dtype: x is made channels-last only where the path is taken.)
+        if _tk.TUNING["matrix_cache"] and _matrix.matrix_applies(x, wavelet_weight.shape[0], stride):
+            return _in_format_of(_matrix.cached_forward(_channels_last(x), weight, bias, base_scale, wavelet_weight,
+                                                        wavelet_scale, round_to), x)
         return _forward_impl(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)[0]
     return _WTConvFunction.apply(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)
