@@ -51,9 +51,9 @@ def matrix_on(monkeypatch):
     monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "matrix_max": 16, "matrix_min_b": 1})
     monkeypatch.setattr(mk, "MATRIX_DTYPES", {*mk.MATRIX_DTYPES, torch.float64})
     calls: list[str] = []
-    fwd, bwd = mk.matrix_forward, mk.matrix_backward
+    fwd, bwd = mk.matrix_forward, mk.matrix_input_grad
     monkeypatch.setattr(mk, "matrix_forward", lambda *a: calls.append("forward") or fwd(*a))
-    monkeypatch.setattr(mk, "matrix_backward", lambda *a: calls.append("backward") or bwd(*a))
+    monkeypatch.setattr(mk, "matrix_input_grad", lambda *a: calls.append("backward") or bwd(*a))
     launch_plan.clear()
     yield calls
     launch_plan.clear()
@@ -87,8 +87,8 @@ def test_matrix_path_is_the_reference_in_float64(case, matrix_on):
 @pytest.mark.parametrize("h, w, levels, k", [(14, 14, 3, 5), (7, 7, 2, 5), (9, 6, 2, 3), (5, 11, 3, 7)])
 def test_build_is_the_references_operator(h, w, levels, k):
     """Every entry of M: the build's closed form from the folded weights against the reference's response to
-    one-hot inputs (column q of M_c is the layer's output for a unit impulse at pixel q). (The term sums, its
-    adjoint, are checked through the weight gradients above.)"""
+    one-hot inputs (column q of M_c is the layer's output for a unit impulse at pixel q); the rows' padding past
+    H·W is zero."""
     n, c = h * w, 3
     g = torch.Generator().manual_seed(n + k)
     weight, _, base_scale, ww, ws = _params(c, k, levels, False, g)
@@ -96,7 +96,10 @@ def test_build_is_the_references_operator(h, w, levels, k):
     m = mk._build(base_w, level_w, h, w, torch.float64)
     eye = torch.eye(n, dtype=torch.float64).reshape(n, 1, h, w).expand(n, c, h, w)
     cols = wtconv2d_reference(eye, weight, None, base_scale, ww, ws)  # (q, c, p)
-    assert torch.allclose(m, cols.reshape(n, c, n).permute(1, 2, 0), rtol=0, atol=1e-13)
+    ns = m.shape[-1]
+    assert m.shape == (c, ns, ns) and ns % 16 == 0 and ns - 16 < n <= ns
+    assert torch.allclose(m[:, :n, :n], cols.reshape(n, c, n).permute(1, 2, 0), rtol=0, atol=1e-13)
+    assert not m[:, n:].any() and not m[:, :, n:].any()
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="a GPU test: bf16 tensor-core products at the stage shapes")

@@ -1433,14 +1433,12 @@ def batch_chunks(x: Tensor, levels: int) -> tuple[tuple[int, int], ...]:
 def param_grads(
     parts: tuple[Tensor, Tensor], x_shape: tuple[int, ...], weight: Tensor, bias: Optional[Tensor],
     base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor, round_to: Optional[torch.dtype] = None,
-    strip: Optional[int] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The parameters' gradients from :func:`weight_partials` (of an input of ``x_shape``), in one launch:
     ``(d weight, d bias, d base_scale, d wavelet_weight, d wavelet_scale)``, each contiguous in its parameter's
     shape and dtype (d bias in base_scale's dtype when there is no bias: the gradient a zero bias would get). With
     ``round_to`` (as given to :func:`folded_weights`), each is rounded through that dtype, as the backward of a
-    cast to it would. ``strip``: the width of the partials' column strips, if not ``TUNING["wgrad_bw"]`` (the
-    operator-matrix path's one row per level: matrix_kernels.py)."""
+    cast to it would."""
     bpart, lpart = parts
     bsz, _, h, w = x_shape
     ch, k, levels = weight.shape[0], weight.shape[-1], wavelet_weight.shape[0]
@@ -1458,7 +1456,7 @@ def param_grads(
         _param_grads_kernel, (_cdiv(ch, bc), 1 + 4 * levels),
         (bpart, lpart, weight, bias if bias is not None else base_scale, base_scale, wavelet_weight, wavelet_scale,
          d_weight, d_bias, d_base_scale, d_ww, d_ws, bpart.shape[0], h, w, bsz, TUNING["wgrad_imgs"]), 8,
-        C=ch, K=k, TP=tp, LEVELS=levels, BW=strip or TUNING["wgrad_bw"], HAS_BIAS=bias is not None,
+        C=ch, K=k, TP=tp, LEVELS=levels, BW=TUNING["wgrad_bw"], HAS_BIAS=bias is not None,
         BLOCK_C=bc, COMPUTE=_compute_dtype(bpart.dtype), ROUND=_tl_dtype(round_to),
         RB=max(2, 512 // tp),
     )

@@ -135,9 +135,8 @@ if TRITON_AVAILABLE:
         if base_w is None or level_w is None:
             base_w, _, level_w = folded_weights(weight, None, base_scale, wavelet_weight, wavelet_scale, round_to)
         levels, k = wavelet_weight.shape[0], weight.shape[-1]
-        if _matrix.matrix_applies(xc, levels, 1):  # a small map's operator matrices (matrix_kernels.py)
-            return _matrix.matrix_backward(dy, xc, weight, bias, base_scale, wavelet_weight, wavelet_scale, base_w,
-                                           level_w, round_to)
+        # A small map's input gradient by its operator matrices (matrix_kernels.py), after the weight gradients.
+        matrix = _matrix.matrix_applies(xc, levels, 1)
         bsz = xc.shape[0]
         dx: Optional[Tensor] = None
         parts = grads = None
@@ -155,6 +154,9 @@ if TRITON_AVAILABLE:
                 grads = param_grads(parts, tuple(xc.shape), weight, bias, base_scale, wavelet_weight, wavelet_scale,
                                     round_to)
                 parts = None
+            if matrix:
+                del coef_dy
+                continue
             if dx is None:
                 # One chunk: dy's coefficient buffer where the pass allows (input_grad_buffer), else a new map.
                 dx = (input_grad_buffer(dys, coef_dy, levels) if len(chunks) == 1
@@ -162,6 +164,8 @@ if TRITON_AVAILABLE:
             # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
             wtconv_forward(dys, _images(dx, b0, b1), base_w, None, level_w, 1, flip=True, coef=coef_dy)
             del coef_dy
+        if matrix:
+            dx = _matrix.matrix_input_grad(dy, base_w, level_w)
         return (dx, *grads)
 
     def _backward_impl(
