@@ -63,7 +63,6 @@ from torch import Tensor  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from wtconvnext.ops.matrix_kernels import _join4, _quarters, _tap_of  # noqa: E402  (the product's helpers)
 from wtconvnext.ops.reference import wtconv2d_reference  # noqa: E402
 
 SHAPES = [(128, 384, 14, 14, 3), (128, 768, 7, 7, 2), (16, 768, 16, 16, 2)]  # B, C, H, W, levels (K = 5)
@@ -169,6 +168,24 @@ def _outer_cl_kernel(dy_ptr, x_ptr, dm_ptr, B, N, CS, CG,
     base = cc.to(tl.int64)[:, None, None] * N * N
     tl.store(dm_ptr + base + pp[None, :, None] * N + qq[None, None, :], acc.to(dm_ptr.dtype.element_ty),
              mask=cm[:, None, None] & pm[None, :, None] & qm[None, None, :])
+
+
+@triton.jit
+def _quarters(t):
+    """The four channel slices (channels 0, 1, 2, 3) of a (R, S, 4) tile, each (R, S): two splits of the
+    channel axis, no data movement."""
+    r: tl.constexpr = t.shape[0]
+    c: tl.constexpr = t.shape[1]
+    even, odd = tl.split(tl.reshape(t, (r, c, 2, 2)))  # channel 2i + j: j = 0 / 1
+    c0, c2 = tl.split(even)
+    c1, c3 = tl.split(odd)
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _join4(c0, c1, c2, c3):
+    """_quarters' inverse: four (R, S) channel slices as one (R, S, 4) tile."""
+    return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), (c0.shape[0], c0.shape[1], 4))
 
 
 @triton.jit
@@ -314,54 +331,6 @@ def _build_m_kernel(wf_ptr, idx_ptr, coef_ptr, m_ptr, NN, T, CG, J: tl.constexpr
 
 
 @triton.jit
-def _build_m_analytic_kernel(wf_ptr, m_ptr, N, W, CG, T, K: tl.constexpr, LEVELS: tl.constexpr, BPQ: tl.constexpr,
-                             BC: tl.constexpr, ACC: tl.constexpr):
-    """_build_m_kernel without E's tables: E in closed form. Output pixel p takes input pixel q through base tap
-    q - p (+ K // 2 per axis) where that is inside the kernel, and through level l's subband s where the level-l
-    pixels P = p >> l, Q = q >> l are a tap apart, times 4^-l and the Haar signs: LL +1, the row high-pass -1 where
-    p's and q's rows differ in bit l - 1, the column one likewise, the diagonal their product. (Zero padding at
-    every level adds nothing else: equal to term_basis at odd and non-square sizes, tests/test_benchmarks.py.)"""
-    KK: tl.constexpr = K * K
-    pq = tl.program_id(0) * BPQ + tl.arange(0, BPQ)
-    cc = tl.program_id(1) * BC + tl.arange(0, BC)
-    pm, cm = pq < N * N, cc < CG
-    p = pq // N
-    q = pq - p * N
-    py, px = p // W, p % W
-    qy, qx = q // W, q % W
-    row = cc.to(tl.int64)[:, None] * T
-    ok, tap = _tap_of(py, px, qy, qx, K)
-    m2 = cm[:, None] & (pm & ok)[None, :]
-    acc = tl.load(wf_ptr + row + tap[None, :], mask=m2, other=0.0).to(ACC)
-    for lv in tl.static_range(1, LEVELS + 1):
-        ok, tap = _tap_of(py >> lv, px >> lv, qy >> lv, qx >> lv, K)
-        sy = 1 - 2 * (((py ^ qy) >> (lv - 1)) & 1)
-        sx = 1 - 2 * (((px ^ qx) >> (lv - 1)) & 1)
-        m2 = cm[:, None] & (pm & ok)[None, :]
-        at = wf_ptr + row + (KK + 4 * (lv - 1) * KK + tap)[None, :]
-        s0 = tl.load(at, mask=m2, other=0.0).to(ACC)
-        s1 = tl.load(at + KK, mask=m2, other=0.0).to(ACC)
-        s2 = tl.load(at + 2 * KK, mask=m2, other=0.0).to(ACC)
-        s3 = tl.load(at + 3 * KK, mask=m2, other=0.0).to(ACC)
-        syf = sy.to(ACC)[None, :]
-        sxf = sx.to(ACC)[None, :]
-        acc += (s0 + syf * s1 + sxf * (s2 + syf * s3)) * (0.25 ** lv)
-    tl.store(m_ptr + cc.to(tl.int64)[:, None] * N * N + pq[None, :], acc.to(m_ptr.dtype.element_ty),
-             mask=cm[:, None] & pm[None, :])
-
-
-def _build_m_analytic(wf: Tensor, h: int, w: int, levels: int, k: int) -> Tensor:
-    """(CG, n, n) by _build_m_analytic_kernel from the (CG, T) term weights, in wf's dtype: no tables."""
-    cg, terms = wf.shape
-    n = h * w
-    m = torch.empty(cg, n, n, dtype=wf.dtype, device=wf.device)
-    grid = (triton.cdiv(n * n, 256), triton.cdiv(cg, 8))
-    _build_m_analytic_kernel[grid](wf.contiguous(), m, n, w, cg, terms, K=k, LEVELS=levels, BPQ=256, BC=8,
-                                   ACC=_acc_of(wf))
-    return m
-
-
-@triton.jit
 def _term_grads_kernel(dm_ptr, tptr_ptr, tpq_ptr, tcoef_ptr, dwf_ptr, NN, T, CG, BL: tl.constexpr,
                        BC: tl.constexpr, ACC: tl.constexpr):
     """dwf[c, t] = sum over the entries (p, q) that term t reaches of coef dm[c, p, q], in a fixed order
@@ -393,78 +362,10 @@ def _build_m(wf: Tensor, tables: tuple, n: int) -> Tensor:
     return m
 
 
-@triton.jit
-def _term_grads_analytic_kernel(dm_ptr, dwf_ptr, N, H, W, CG, T, K: tl.constexpr, BE: tl.constexpr,
-                                BC: tl.constexpr, ACC: tl.constexpr):
-    """_term_grads_kernel without tables: one program per base tap, or per level and tap (its four subbands at
-    once), and BC channels; it walks exactly the entries (p, q) its terms reach, in a fixed order. Base tap o:
-    q = p + o. Level l, tap o: level-l pixels P, Q = P + o, then every pixel pair of their 2^l x 2^l blocks
-    (e = (P, i, j)), signed as in _build_m_analytic_kernel, times 4^-l."""
-    KK: tl.constexpr = K * K
-    g = tl.program_id(0) // KK
-    t = tl.program_id(0) % KK
-    oy = t // K - K // 2
-    ox = t % K - K // 2
-    cc = tl.program_id(1) * BC + tl.arange(0, BC)
-    cm = cc < CG
-    rows = cc.to(tl.int64)[:, None] * N * N
-    if g == 0:
-        acc = tl.zeros((BC, BE), dtype=ACC)
-        for p0 in range(0, N, BE):
-            p = p0 + tl.arange(0, BE)
-            qy = p // W + oy
-            qx = p % W + ox
-            ok = (p < N) & (qy >= 0) & (qy < H) & (qx >= 0) & (qx < W)
-            acc += tl.load(dm_ptr + rows + (p * N + qy * W + qx)[None, :], mask=cm[:, None] & ok[None, :],
-                           other=0.0).to(ACC)
-        tl.store(dwf_ptr + cc * T + t, tl.sum(acc, axis=1), mask=cm)
-    else:
-        s = 1 << g  # the level's block side
-        hl = (H + s - 1) >> g
-        wl = (W + s - 1) >> g
-        any_pair = (oy < hl) & (-oy < hl) & (ox < wl) & (-ox < wl)
-        end = tl.where(any_pair, hl * wl * s * s * s * s, 0)
-        a0 = tl.zeros((BC, BE), dtype=ACC)
-        a1 = tl.zeros((BC, BE), dtype=ACC)
-        a2 = tl.zeros((BC, BE), dtype=ACC)
-        a3 = tl.zeros((BC, BE), dtype=ACC)
-        for e0 in range(0, end, BE):
-            e = e0 + tl.arange(0, BE)
-            pp = e >> (4 * g)  # the level pixel P
-            i = (e >> (2 * g)) & (s * s - 1)  # p within P's block
-            j = e & (s * s - 1)  # q within Q's block
-            py_l = pp // wl
-            px_l = pp % wl
-            iy, ix, jy, jx = i >> g, i & (s - 1), j >> g, j & (s - 1)
-            py, px = py_l * s + iy, px_l * s + ix
-            qy, qx = (py_l + oy) * s + jy, (px_l + ox) * s + jx
-            ok = ((e < end) & (py < H) & (px < W) & (py_l + oy >= 0) & (py_l + oy < hl) & (px_l + ox >= 0)
-                  & (px_l + ox < wl) & (qy < H) & (qx < W))
-            v = tl.load(dm_ptr + rows + ((py * W + px) * N + qy * W + qx)[None, :], mask=cm[:, None] & ok[None, :],
-                        other=0.0).to(ACC)
-            sy = (1 - 2 * (((iy ^ jy) >> (g - 1)) & 1)).to(ACC)[None, :]
-            sx = (1 - 2 * (((ix ^ jx) >> (g - 1)) & 1)).to(ACC)[None, :]
-            a0 += v
-            a1 += sy * v
-            a2 += sx * v
-            a3 += sy * sx * v
-        scale = 1.0 / (s * s).to(ACC)
-        at = dwf_ptr + cc * T + KK + 4 * (g - 1) * KK + t
-        tl.store(at, tl.sum(a0, axis=1) * scale, mask=cm)
-        tl.store(at + KK, tl.sum(a1, axis=1) * scale, mask=cm)
-        tl.store(at + 2 * KK, tl.sum(a2, axis=1) * scale, mask=cm)
-        tl.store(at + 3 * KK, tl.sum(a3, axis=1) * scale, mask=cm)
-
-
 def _term_grads(dm: Tensor, tables: tuple, out: Tensor) -> None:
-    """out (CG, T) fp32 = dM's sums per term (_term_grads_kernel; tables (h, w, levels, k): the analytic one)."""
-    cg, n = dm.shape[0], dm.shape[1]
-    if len(tables) == 4:
-        h, w, levels, k = tables
-        _term_grads_analytic_kernel[(k * k * (1 + levels), triton.cdiv(cg, 8))](
-            dm, out, n, h, w, cg, out.shape[1], K=k, BE=128, BC=8, ACC=_acc_of(out))
-        return
+    """out (CG, T) fp32 = dM's sums per term (_term_grads_kernel)."""
     t_ptr, t_pq, t_coef = tables[2], tables[3], tables[4]
+    cg, n = dm.shape[0], dm.shape[1]
     terms = t_ptr.shape[0] - 1
     _term_grads_kernel[(terms, triton.cdiv(cg, 16))](dm, t_ptr, t_pq, t_coef, out, n * n, terms, cg, BL=128, BC=16,
                                                      ACC=_acc_of(out))
@@ -478,7 +379,7 @@ class SmallMatrixLean(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
-                wavelet_scale: Tensor, group: Optional[int] = None, fused: bool = False, sparse: bool | str = False,
+                wavelet_scale: Tensor, group: Optional[int] = None, fused: bool = False, sparse: bool = False,
                 tile: Optional[dict] = None) -> Tensor:
         ctx.save_for_backward(x, weight, bias, base_scale, wavelet_weight, wavelet_scale)
         x = x.contiguous(memory_format=torch.channels_last)
@@ -547,13 +448,11 @@ class SmallMatrixLean(torch.autograd.Function):
 
 
 def _operator_terms(x: Tensor, weight: Tensor, base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor,
-                    sparse: bool | str = False) -> tuple[Tensor, Optional[Tensor], Optional[tuple]]:
+                    sparse: bool = False) -> tuple[Tensor, Optional[Tensor], Optional[tuple]]:
     """((C, T) folded terms in x's dtype, the term basis in x's dtype or None, term_tables or None) of a layer over
     x's map size: the basis for GEMM-built M, the tables (``sparse``) for the sparse kernels, never both."""
     h, w, levels, k = x.shape[2], x.shape[3], wavelet_weight.shape[0], weight.shape[-1]
     wf = folded_terms(weight, base_scale, wavelet_weight, wavelet_scale).to(x.dtype)
-    if sparse == "analytic":  # M and the term gradients by the closed-form kernels: no tables, just the sizes
-        return wf, None, (h, w, levels, k)
     if sparse:
         return wf, None, term_tables(h, w, levels, k, str(x.device))
     return wf, term_basis(h, w, levels, k, x.dtype, str(x.device)), None
@@ -562,8 +461,6 @@ def _operator_terms(x: Tensor, weight: Tensor, base_scale: Tensor, wavelet_weigh
 def _matrices(wf: Tensor, basis: Optional[Tensor], n: int, tables: Optional[tuple] = None) -> Tensor:
     """(C, n, n): each channel's operator, ``wf @ E`` (a dense GEMM), or with ``tables`` (term_tables) by
     _build_m_kernel from E's nonzeros."""
-    if tables is not None and len(tables) == 4:  # sparse="analytic": (h, w, levels, k)
-        return _build_m_analytic(wf, *tables)
     if tables is not None:
         return _build_m(wf, tables, n)
     return (wf @ basis.reshape(basis.shape[0], n * n)).reshape(wf.shape[0], n, n)
@@ -572,7 +469,7 @@ def _matrices(wf: Tensor, basis: Optional[Tensor], n: int, tables: Optional[tupl
 def wtconv_small_matrix_lean(x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor,
                              wavelet_weight: Tensor, wavelet_scale: Tensor, group: Optional[int] = None,
                              fused: bool = False,
-                             sparse: bool | str = False, tile: Optional[dict] = None) -> Tensor:
+                             sparse: bool = False, tile: Optional[dict] = None) -> Tensor:
     """:class:`SmallMatrixLean` as a function (stride 1, output channels-last); ``fused``: the products by the
     Triton kernels above, on the channels-last maps in place, else by torch.bmm on (C, B, n) copies; ``sparse``:
     M and the term gradients from E's nonzeros (term_tables' kernels), else by dense GEMMs with E; ``tile``: the
@@ -581,7 +478,7 @@ def wtconv_small_matrix_lean(x: Tensor, weight: Tensor, bias: Optional[Tensor], 
                                  tile)
 
 
-def patch_small_maps(model: torch.nn.Module, max_pixels: int = 256, group: Optional[int] = None, sparse: bool | str = False,
+def patch_small_maps(model: torch.nn.Module, max_pixels: int = 256, group: Optional[int] = None, sparse: bool = False,
                      tile: Optional[dict] = None, cache: bool = False) -> torch.nn.Module:
     """Run every stride-1 WTConv layer of ``model`` whose map has at most ``max_pixels`` pixels through
     ``wtconv_small_matrix_lean(fused=True)`` (in place; under autocast its input and parameters in the autocast
@@ -631,24 +528,21 @@ def _cached_forward(mod: torch.nn.Module, x: Tensor, ps: list, sparse: bool, til
 
 def model_rows(batch: int = 128, infer_batch: int = 256) -> list[dict]:
     """AMP training and inference of convnext_tiny, wtconvnext_tiny and wtconvnext_tiny with its stage 3-4 layers
-    on the fused small-matrix products (3-D products with the sparse kernels; split products with the sparse or the
-    closed-form kernels; inference with M kept),
+    on the fused small-matrix products (M by GEMM, by the sparse kernels; split products; inference with M kept),
     side by side (bench_model.py's cases)."""
     from benchmarks import bench_model as bm
 
     torch.backends.cudnn.benchmark = True
     rows = []
     for name, patch, label in (("convnext_tiny", None, "convnext_tiny"), ("wtconvnext_tiny", None, "wtconvnext_tiny"),
-                               ("wtconvnext_tiny", functools.partial(patch_small_maps, sparse="analytic",
-                                                                     tile=SPLIT_TILE),
-                                "wtconvnext_tiny+small_matrix_split_analytic"),
+                               ("wtconvnext_tiny", patch_small_maps, "wtconvnext_tiny+small_matrix"),
                                ("wtconvnext_tiny", functools.partial(patch_small_maps, sparse=True),
                                 "wtconvnext_tiny+small_matrix_sparse"),
                                ("wtconvnext_tiny", functools.partial(patch_small_maps, sparse=True, tile=SPLIT_TILE),
                                 "wtconvnext_tiny+small_matrix_split"),
-                               ("wtconvnext_tiny", functools.partial(patch_small_maps, sparse="analytic",
-                                                                     tile=SPLIT_TILE, cache=True),
-                                "wtconvnext_tiny+small_matrix_split_analytic_cached")):
+                               ("wtconvnext_tiny", functools.partial(patch_small_maps, sparse=True, tile=SPLIT_TILE,
+                                                                     cache=True),
+                                "wtconvnext_tiny+small_matrix_split_cached")):
         r = dict(model=label, task="train", **bm._train_case(name, True, False, batch, 5, 20, patch=patch))
         rows.append(r)
         print(f"  {r}", flush=True)
@@ -693,7 +587,6 @@ def check(shapes=((2, 3, 14, 14, 3), (2, 4, 7, 7, 2), (1, 2, 9, 6, 2), (2, 3, 5,
                 fns.append(lambda *a: wtconv_small_matrix_lean(*a, group=2, fused=True))
                 fns.append(lambda *a: wtconv_small_matrix_lean(*a, group=2, fused=True, sparse=True))
                 fns.append(lambda *a: wtconv_small_matrix_lean(*a, group=2, fused=True, tile=SPLIT_TILE))
-                fns.append(lambda *a: wtconv_small_matrix_lean(*a, group=2, fused=True, sparse="analytic"))
             for fn in fns:
                 got = _grads(fn, xcl, params, dy)
                 for name, r, o in zip(("y", "dx", "dw", "db", "dbs", "dww", "dws"), ref, got):
@@ -760,7 +653,6 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
                                            params),
         "small_matrix_split_sparse": layer(functools.partial(fused, sparse=True, tile=SPLIT_TILE), params),
         "small_matrix_split_g64": layer(functools.partial(fused, tile=SPLIT_TILE, group=64), params),
-        "small_matrix_split_analytic": layer(functools.partial(fused, sparse="analytic", tile=SPLIT_TILE), params),
         "dw7_cl": layer(lambda xi, wt, bi: F.conv2d(xi, wt, bi, padding=3, groups=c), dws[7]),
         "dw5_cl": layer(lambda xi, wt, bi: F.conv2d(xi, wt, bi, padding=2, groups=c), dws[5]),
     }
@@ -793,8 +685,6 @@ def gpu_rows(b: int, c: int, h: int, w: int, levels: int, k: int = 5, dev: str =
         "part_split_apply": lambda: _apply_cl(x, m, torch.empty_like(x), transpose=False, tile=SPLIT_TILE),
         "part_split_outer": lambda: _outer_cl(dy, x, tile=SPLIT_TILE),
         "part_sparse_build": lambda: _build_m(wf, tables, n),
-        "part_analytic_build": lambda: _build_m_analytic(wf, h, w, levels, k),
-        "part_analytic_term_grads": lambda: _term_grads(dm, (h, w, levels, k), dwf),
         "part_sparse_term_grads": lambda: _term_grads(dm, tables, dwf),
     }
     for name, fn in parts.items():
@@ -826,12 +716,6 @@ def sm90_products() -> dict[str, int]:
     grads = compile_sm90(_term_grads_kernel, {"dm_ptr": "*bf16", "tptr_ptr": "*i64", "tpq_ptr": "*i32",
                                               "tcoef_ptr": "*fp32", "dwf_ptr": "*fp32", "NN": "i32", "T": "i32",
                                               "CG": "i32"}, dict(BL=128, BC=16, ACC=tl.float32))
-    abuild = compile_sm90(_build_m_analytic_kernel, {"wf_ptr": "*bf16", "m_ptr": "*bf16", "N": "i32", "W": "i32",
-                                                     "CG": "i32", "T": "i32"},
-                          dict(K=5, LEVELS=3, BPQ=256, BC=8, ACC=tl.float32))
-    agrads = compile_sm90(_term_grads_analytic_kernel, {"dm_ptr": "*bf16", "dwf_ptr": "*fp32", "N": "i32",
-                                                        "H": "i32", "W": "i32", "CG": "i32", "T": "i32"},
-                          dict(K=5, BE=128, BC=8, ACC=tl.float32))
     st = SPLIT_TILE
     split_apply = compile_sm90(_apply_cl_split_kernel, {"x_ptr": "*bf16", "a_ptr": "*bf16", "y_ptr": "*bf16", **ptr,
                                                         "sa_c": "i32", "sa_p": "i32", "sa_q": "i32"},
@@ -842,9 +726,7 @@ def sm90_products() -> dict[str, int]:
     mma.update({name: k.asm["ptx"].count("wgmma.mma_async")
                 for name, k in (("split_apply_wgmma", split_apply), ("split_outer_wgmma", split_outer))})
     return {**mma, **{name: k.asm["ptx"].count("fma.rn.f32") for name, k in (("build_fma", build),
-                                                                            ("term_grads_fma", grads),
-                                                                            ("analytic_build_fma", abuild),
-                                                                            ("analytic_term_grads_fma", agrads))}}
+                                                                            ("term_grads_fma", grads))}}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

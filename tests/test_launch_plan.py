@@ -341,16 +341,11 @@ _ON_GPU = pytest.mark.skipif(DEVICE == "cpu", reason="direct launches need compi
     (12, 9, 2, 2, True, 0, torch.float32, False),     # stride: dy scattered outside the plan
     pytest.param(11, 9, 2, 1, True, 0, torch.float32, True, marks=_ON_GPU),  # the launchers called directly
     pytest.param(7, 6, 2, 1, False, 16, torch.bfloat16, True, marks=_ON_GPU),
-    (7, 6, 2, 1, True, -16, torch.float32, False),    # operator matrices (small_max < 0: matrix_max = 16)
-    pytest.param(14, 14, 3, 1, True, -16, torch.bfloat16, True, marks=_ON_GPU),
 ])
 def test_replay_is_bitwise_the_ordinary_path(h, w, levels, stride, bias, small_max, dtype, direct, monkeypatch):
-    from wtconvnext.ops import matrix_kernels as mk
     from wtconvnext.ops import triton_kernels as tk
 
-    matrix = {"matrix_max": -small_max, "matrix_min_b": 1} if small_max < 0 else {}
-    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": max(small_max, 0), **matrix})
-    monkeypatch.setattr(mk, "MATRIX_DTYPES", {*mk.MATRIX_DTYPES, torch.float32})
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max})
     monkeypatch.setattr(launch_plan, "DIRECT", direct)
     g = torch.Generator().manual_seed(3)
     c, k = 6, 3

@@ -682,9 +682,8 @@ _WRITTEN = {"_analysis_kernel": ("coef_ptr", "coef2_ptr"), "_small_kernel": ("co
 
 
 @pytest.mark.triton
-@pytest.mark.parametrize("small_max,levels,matrix", [(0, 2, 0), (0, 6, 0), (16, 2, 0), (0, 2, 16)],
-                         ids=["multi-launch", "six-levels", "small", "matrix"])
-def test_traced_launch_never_passes_a_written_buffer_twice(small_max, levels, matrix, monkeypatch):
+@pytest.mark.parametrize("small_max,levels", [(0, 2), (0, 6), (16, 2)], ids=["multi-launch", "six-levels", "small"])
+def test_traced_launch_never_passes_a_written_buffer_twice(small_max, levels, monkeypatch):
     """A traced (triton_op) launch is a functional kernel call: every argument torch's analysis finds written is
     copied, written and handed on. One buffer in two such arguments (the analysis kernel's second map, the small
     pass's two level buffers as one allocation) thus splits into two copies, one never written: the compiled
@@ -705,10 +704,7 @@ def test_traced_launch_never_passes_a_written_buffer_twice(small_max, levels, ma
             return lambda *args, **kw: launches.append((self.fn, args))
 
     monkeypatch.setattr(torch.library, "wrap_triton", _Recorder, raising=False)
-    from wtconvnext.ops import matrix_kernels as mk
-
-    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max, "matrix_max": matrix, "matrix_min_b": 1})
-    monkeypatch.setattr(mk, "MATRIX_DTYPES", {*mk.MATRIX_DTYPES, torch.float32})
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max})
     c, k = 4, 3
     params = _params(c, k, levels, True, torch.float32)
     x = torch.randn(2, c, 13, 11, device=DEVICE).contiguous(memory_format=torch.channels_last)
@@ -727,4 +723,3 @@ def test_traced_launch_never_passes_a_written_buffer_twice(small_max, levels, ma
                       and named[n].untyped_storage().data_ptr() == named[w].untyped_storage().data_ptr()]
             assert not others, f"{name}: {w} shares its buffer with {others}"
     assert seen & set(_WRITTEN), seen  # the checked kernels ran
-    assert ("_matrix_apply_kernel" in seen) == bool(matrix), seen

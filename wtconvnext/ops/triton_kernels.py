@@ -856,16 +856,10 @@ TUNING: dict[str, int] = {
     # (profile_layer.py --tuning, session 25, one run), 8 against 32 channels: 0.014 / 0.010 / 0.009 / 0.012 ms
     # against 0.052 / 0.029 / 0.019 / 0.020 at 56 / 28 / 14 / 7 (32 left 3 x 21 programs at 56 x 56, latency-bound).
     "pgrad_bc": 8,
-    # Operator matrices (matrix_kernels.py): bf16 / fp16 passes over maps of at most matrix_max rows and columns
-    # (0: never) and at least matrix_min_b images run as per-channel matrix products on the tensor cores, in
-    # matrix_tile x matrix_tile blocks. Off until measured against the one-launch pass on a GPU.
-    # matrix_cache = 1: inference keeps each layer's M while its parameters stay (matrix_kernels.cached_forward).
-    "matrix_max": 0, "matrix_min_b": 32, "matrix_tile": 64, "matrix_cache": 1,
 }
-_FLAG_KEYS = ("syn1", "wgrad_unroll", "wgrad_pair", "matrix_cache")  # 0 or 1, not sizes
-_ZERO_KEYS = ("small_max", "chunk_kb", "matrix_max")  # 0 turns the path off
-_POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
-              "matrix_tile")
+_FLAG_KEYS = ("syn1", "wgrad_unroll", "wgrad_pair")  # 0 or 1, not sizes
+_ZERO_KEYS = ("small_max", "chunk_kb")  # 0 turns the path off
+_POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc")
 
 def _tuning_from_env() -> None:
     path = os.environ.get("WTCONVNEXT_TUNING")
@@ -1247,8 +1241,6 @@ def wtconv_forward(
     levels, k = level_w.shape[0], base_w.shape[0]
     compute = _compute_dtype(x.dtype)
     syn1 = _pass_syn1()
-    if not flip and coef is None and _matrix.matrix_applies(x, levels, stride):
-        return _matrix.matrix_forward(x, out, base_w, base_b, level_w)
     if small_applies(x, levels):
         _small_pass(x, out, base_w, base_b, level_w, stride, flip, coef)
         return out
@@ -1464,4 +1456,3 @@ def param_grads(
 
 
 from . import small_kernels as _small  # noqa: E402  (built from the device functions above)
-from . import matrix_kernels as _matrix  # noqa: E402  (launches through the launchers above)

@@ -69,7 +69,6 @@ def _in_format_of(t: Tensor, x: Tensor) -> Tensor:
 if TRITON_AVAILABLE:
     from . import compile_ahead as _ahead
     from . import launch_plan as _plan
-    from . import matrix_kernels as _matrix
     from . import triton_kernels as _tk
     from .triton_kernels import (batch_chunks, coefficient_pair, folded_weights, input_grad_buffer, param_grads,
                                  weight_partials, wtconv_forward)
@@ -135,8 +134,6 @@ if TRITON_AVAILABLE:
         if base_w is None or level_w is None:
             base_w, _, level_w = folded_weights(weight, None, base_scale, wavelet_weight, wavelet_scale, round_to)
         levels, k = wavelet_weight.shape[0], weight.shape[-1]
-        # A small map's input gradient by its operator matrices (matrix_kernels.py), after the weight gradients.
-        matrix = _matrix.matrix_applies(xc, levels, 1)
         bsz = xc.shape[0]
         dx: Optional[Tensor] = None
         parts = grads = None
@@ -154,9 +151,6 @@ if TRITON_AVAILABLE:
                 grads = param_grads(parts, tuple(xc.shape), weight, bias, base_scale, wavelet_weight, wavelet_scale,
                                     round_to)
                 parts = None
-            if matrix:
-                del coef_dy
-                continue
             if dx is None:
                 # One chunk: dy's coefficient buffer where the pass allows (input_grad_buffer), else a new map.
                 dx = (input_grad_buffer(dys, coef_dy, levels) if len(chunks) == 1
@@ -164,8 +158,6 @@ if TRITON_AVAILABLE:
             # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
             wtconv_forward(dys, _images(dx, b0, b1), base_w, None, level_w, 1, flip=True, coef=coef_dy)
             del coef_dy
-        if matrix:
-            dx = _matrix.matrix_input_grad(dy, base_w, level_w)
         return (dx, *grads)
 
     def _backward_impl(
@@ -406,9 +398,5 @@ def wtconv2d_triton(
             x, weight, bias, base_scale, wavelet_weight, wavelet_scale))):
         # Inference (no_grad, inference_mode, or nothing needs a gradient): the forward alone, without the autograd
         # Function's bookkeeping and saved tensors (host time per layer call is what small inputs pay).
-        # (matrix_applies reads only sizes and dtype: x is made channels-last only where the path is taken.)
-        if _tk.TUNING["matrix_cache"] and _matrix.matrix_applies(x, wavelet_weight.shape[0], stride):
-            return _in_format_of(_matrix.cached_forward(_channels_last(x), weight, bias, base_scale, wavelet_weight,
-                                                        wavelet_scale, round_to), x)
         return _forward_impl(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)[0]
     return _WTConvFunction.apply(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)
