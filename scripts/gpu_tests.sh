@@ -36,5 +36,5 @@ if "$py" -c "import pytest_timeout" 2>/dev/null; then
   per=(--timeout "${TEST_TIMEOUT:-150}")
 fi
 timeout "${LIMIT:-540}" "$py" -m pytest -v -rfE --tb=short ${par[@]+"${par[@]}"} ${per[@]+"${per[@]}"} tests/test_ops_triton.py \
-  tests/test_launch_plan.py tests/gpu tests/test_ttir_memo.py tests/test_compile_ahead.py "$@" 2>&1 | tee -a "$out/gpu_tests.log"
+  tests/test_launch_plan.py tests/gpu tests/test_ttir_memo.py tests/test_compile_ahead.py tests/test_autocast_compile.py "$@" 2>&1 | tee -a "$out/gpu_tests.log"
 exit "${PIPESTATUS[0]}"

@@ -100,3 +100,26 @@ def test_compiled_graph_hands_the_parameters_uncast_to_the_op() -> None:
         assert arg is None or arg.op in ("placeholder", "get_attr"), arg.format_node()
     casts = [n for n in gm.graph.nodes if n.op == "call_method" and n.target in ("to", "type")]
     assert len(casts) == 1 and casts[0] is op_args[0], [n.format_node() for n in casts]  # x's own cast only
+
+
+def test_compiled_layer_keeps_sizes_symbolic_across_the_small_map_threshold() -> None:
+    """Multi-scale compiled training (issue 15): once a second size has made the sizes dynamic, a third that crosses
+    ``TUNING["small_max"]`` (another kernel path inside the op) reuses that graph, as a depthwise convolution's
+    does: nothing in the op's Python path guards on the sizes, so a model recompiles no more than ConvNeXt."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from wtconvnext.ops import triton_kernels as tk
+
+    sizes = (20, 24, 12)  # 20, 24: the multi-launch passes; 12 the one-launch small-map pass
+    assert min(sizes) <= tk.TUNING["small_max"] < max(sizes)
+    counts = {}
+    for name, module in (("wtconv", _layer(c=2, k=3, levels=2)),
+                         ("depthwise", torch.nn.Conv2d(2, 2, 3, padding=1, groups=2).to(DEVICE))):
+        torch._dynamo.reset()
+        counter = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(module, backend=counter)
+        for s in sizes:
+            x = torch.randn(1, 2, s, s, device=DEVICE).requires_grad_()
+            compiled(x).sum().backward()
+        counts[name] = counter.frame_count
+    assert counts["wtconv"] == counts["depthwise"] == 2, counts
