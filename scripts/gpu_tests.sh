@@ -32,7 +32,7 @@ fi
 # Each test's outcome on a line of its own as it ends (-v), and a per-test limit (pytest-timeout, where installed)
 # below LIMIT, so that a cut run still names what passed and failed (session 30 lost three runs' failures).
 # 300 s: under 14 workers compiling at once, four compile-heavy tests failed with a 150 s limit (session 39; the cut
-# run printed no tracebacks); rerun on the warm machine, three of them passed within seconds.
+# run printed no tracebacks); rerun on the warm machine with fewer beside them, three of them passed.
 per=()
 if "$py" -c "import pytest_timeout" 2>/dev/null; then
   per=(--timeout "${TEST_TIMEOUT:-300}")
