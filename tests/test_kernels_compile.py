@@ -116,7 +116,8 @@ def _loop_carries() -> int:
     """Every row loop of the FMA convolution and weight-gradient kernels carries exactly the values it must, in the
     GPU compiler's IR: the interpreter cannot see a rolling value the compiler drops (PERF.md's trap). The
     convolution carries its K - 1 rows of BW accumulators in flight (the newest row starts at zero: a constant,
-    folded) and the next input row's NI values; the weight gradient its K x K sums (+ dy's), the K - 1 dy rows a
+    folded) and the next input row's NI values (the padding rows below the map, which load nothing, only the
+    accumulators); the weight gradient its K x K sums (+ dy's), the K - 1 dy rows a
     row pairs with, the next dy row and the next x row."""
     import re
 
@@ -135,7 +136,7 @@ def _loop_carries() -> int:
         cases = [
             (tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=bw, BC=32, STRIDE=1, HAS_ACC=True, HAS_BIAS=True,
                                          FLIP=False, COMPUTE=tl.float32, SYN1=False, HAS_ACC2=False),
-             {(k - 1) * bw + ni}),
+             {(k - 1) * bw + ni, (k - 1) * bw}),
         ]
         for dsum in (False, True):
             sums = k * k + dsum

@@ -215,55 +215,63 @@ def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
     # The next row is loaded while this one is computed (loop-carried, raw dtype): the FMAs hide the latency.
     nxt = ()
     for i in tl.static_range(NI):
-        nxt = nxt + (tl.load(xb - PAD * rs + (i - PAD) * CC, mask=inm[i] & (PAD == 0) & (h > 0), other=0.0),)
-    # Rows -PAD .. h+PAD-1 in three loops: the rows in the middle, whose next row exists and which complete an
-    # output row, without the row tests (in each load's mask and around the stores) that the edges need. (One
-    # loop testing every row ran at 0.94-0.95x in the input gradient on the H200, session 20.)
+        nxt = nxt + (tl.load(xb + (i - PAD) * CC, mask=inm[i] & (h > 0), other=0.0),)
+    # Input rows 0 .. h+PAD-1 in four loops: the rows in the middle, whose next row exists and which complete an
+    # output row, without the row tests (in each load's mask and around the stores) that the edges need (one loop
+    # testing every row ran at 0.94-0.95x in the input gradient on the H200, session 20); the padding rows below
+    # the map only store and rotate. The padding rows above it are not walked at all: they would add w * 0 to
+    # accumulators that are still zero. Both are 2 * PAD of h + 2 * PAD rows' multiply-adds, which the small
+    # maps' levels felt most (at 14 x 14, levels 7 / 4 / 2 rows: 36 / 50 / 67 %; ncu, session 40).
     mid = tl.maximum(h - 1, PAD)
-    for r in range(-PAD, PAD):
+    for r in range(0, PAD):
         acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
-                             CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True)
+                             CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, False)
     for r in range(PAD, mid):
         acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
-                             CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, False)
-    for r in range(mid, h + PAD):
+                             CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, False, False)
+    for r in range(mid, h):
         acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
-                             CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True)
+                             CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, False)
+    for r in range(tl.maximum(h, mid), h + PAD):
+        acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
+                             CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, True)
 
 
 @triton.jit
 def _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
               CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.constexpr, HAS_ACC: tl.constexpr,
               HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr,
-              HAS_ACC2: tl.constexpr, EDGE: tl.constexpr):
+              HAS_ACC2: tl.constexpr, EDGE: tl.constexpr, PADROW: tl.constexpr):
     """Input row r of _conv_kernel: the next row's load, the row's multiply-adds into the K x BW rolling
     accumulators, and output row r - PAD's store. EDGE: the next row may not exist and the output row may not
-    either (rows -PAD .. PAD-1 and the last PAD + 1); else neither is tested."""
+    either (rows 0 .. PAD-1 and the last PAD + 1); else neither is tested. PADROW: row r is padding below the map
+    (no load, no multiply-adds: the store and the rotation only)."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
     cur = nxt
     r1 = r + 1
     p = xb + r1 * rs
-    nxt = ()
-    for i in tl.static_range(NI):
-        if EDGE:
-            nxt = nxt + (tl.load(p + (i - PAD) * CC, mask=inm[i] & (r1 >= 0) & (r1 < h), other=0.0),)
-        else:
-            nxt = nxt + (tl.load(p + (i - PAD) * CC, mask=inm[i], other=0.0),)
-    for i in tl.static_range(NI):
-        v = cur[i].to(COMPUTE)
-        new = ()
-        for j in tl.static_range(K):  # slot j: output row r - PAD + j, reached through tap row K - 1 - j
-            for q in tl.static_range(BW):
-                if (i - q >= 0) and (i - q < K):
-                    if FLIP:
-                        wv = wts[j * K + (K - 1 - (i - q))]
+    if not PADROW:
+        nxt = ()
+        for i in tl.static_range(NI):
+            if EDGE:
+                nxt = nxt + (tl.load(p + (i - PAD) * CC, mask=inm[i] & (r1 < h), other=0.0),)
+            else:
+                nxt = nxt + (tl.load(p + (i - PAD) * CC, mask=inm[i], other=0.0),)
+        for i in tl.static_range(NI):
+            v = cur[i].to(COMPUTE)
+            new = ()
+            for j in tl.static_range(K):  # slot j: output row r - PAD + j, reached through tap row K - 1 - j
+                for q in tl.static_range(BW):
+                    if (i - q >= 0) and (i - q < K):
+                        if FLIP:
+                            wv = wts[j * K + (K - 1 - (i - q))]
+                        else:
+                            wv = wts[(K - 1 - j) * K + (i - q)]
+                        new = new + (acc[j * BW + q] + wv * v,)
                     else:
-                        wv = wts[(K - 1 - j) * K + (i - q)]
-                    new = new + (acc[j * BW + q] + wv * v,)
-                else:
-                    new = new + (acc[j * BW + q],)
-        acc = new
+                        new = new + (acc[j * BW + q],)
+            acc = new
     o = r - PAD
     if EDGE:
         if (o >= 0) & (o % STRIDE == 0):
