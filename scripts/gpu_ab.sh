@@ -2,7 +2,7 @@
 # The kernels' GPU checks, A/Bs and benchmarks (issue 14 on), step by step in device calls of at most 10 minutes.
 #   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [layer] [profile] [compiled] [pmodel]
 #                          [graphs] [host] [launch] [pair] [pgrad] [eager] [warm] [parity] [patch] [cmodel]
-#                          [sizes] [dense] [trainbench] [cold] [proto] [protomodel]
+#                          [sizes] [dense] [trainbench] [cold]
 # TCACHE=DIR: Triton's compiled kernels and Inductor's cache are unpacked from DIR first and packed into OUTDIR last
 # (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles. The parts (binaries only,
 # 15 MiB each) must come back as files of their own: with $OUT set (the device machine) they are copied there, beside
@@ -85,19 +85,6 @@ if [[ "$what" == *absmall* ]]; then
     step 150 "ab_$tag.txt" "$py" benchmarks/ab_kernels.py --tuning $t --shapes 2 3 --dtypes bf16 \
       --out "$out/ab_$tag.json"
   done
-fi
-# Issue 14's operator-matrix prototype at stages 3-4 (and a 16 x 16 dense-prediction map): forward and forward +
-# backward against today's fused layer and cuDNN's depthwise 7x7 / 5x5, its parts, the bf16 errors ("proto");
-# wtconvnext_tiny's AMP training and inference with its stage 3-4 layers on it, beside the model and ConvNeXt-T
-# ("protomodel": the eager kernels of both models compile first, so give it its own call or warm them).
-if [[ "$what" == *proto* ]]; then
-  if [[ " $what " == *" proto "* ]]; then
-    step 330 proto_small_matrix.txt "$py" benchmarks/proto_small_matrix.py --out "$out/proto_small_matrix.json"
-  fi
-  if [[ "$what" == *protomodel* ]]; then
-    step 500 proto_small_matrix_model.txt "$py" benchmarks/proto_small_matrix.py --model \
-      --out "$out/proto_small_matrix_model.json"
-  fi
 fi
 if [[ "$what" == *layer* ]]; then
   step 150 layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --out "$out/layer.json"

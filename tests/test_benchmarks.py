@@ -3,9 +3,7 @@ interpreter, on one small shape); the SASS instruction counter reads real sm_90 
 
 from __future__ import annotations
 
-import ast
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -310,107 +308,3 @@ def test_inductor_launches_counts_a_wrappers_launches_and_fills(tmp_path: Path, 
     assert "fills: 2 of nan" in capsys.readouterr().out
     assert inductor_launches.main([str(tmp_path), "--match", "nothing-has-this"]) == 0
     assert inductor_launches.main([str(tmp_path / "missing")]) == 2
-
-
-def test_small_matrix_prototype_is_the_reference_in_float64() -> None:
-    """Issue 14's operator-matrix prototype: a small map's WTConv as one (H·W)² matrix per channel, built from
-    the reference's term basis, gives the reference's output and all six gradients (odd, non-square, K = 3 / 5)."""
-    from benchmarks import proto_small_matrix
-
-    assert proto_small_matrix.check(shapes=((2, 3, 7, 5, 2), (1, 2, 6, 9, 3))) < 1e-10
-
-
-def test_small_matrix_kernels_compile_for_sm90() -> None:
-    """The prototype's kernels compile for sm_90 in bf16: the fused products (3-D tl.dot over channels-last maps)
-    on the tensor cores, the split ones (a 2-D dot per channel) on Hopper's wgmma, the sparse build and term
-    gradients on fp32 FMAs (a subprocess without the interpreter,
-    whose decorators cannot compile)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = Path(ab_kernels.__file__).with_name("proto_small_matrix.py")
-    proc = subprocess.run([sys.executable, str(script), "--sm90"], capture_output=True, text=True, timeout=600,
-                          env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    counts = ast.literal_eval(proc.stdout.split(": ", 1)[1].strip())  # the printed dict of mma counts
-    assert counts["apply"] > 0 and counts["outer"] > 0, proc.stdout  # tensor cores
-    assert counts["split_apply_wgmma"] > 0 and counts["split_outer_wgmma"] > 0, proc.stdout  # Hopper's wgmma
-    assert counts["build_fma"] > 0 and counts["term_grads_fma"] > 0, proc.stdout
-
-
-@pytest.mark.triton
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="float64 products need the interpreter's exact arithmetic (on a GPU tl.dot rounds them); "
-                           "there proto_small_matrix.py measures the prototype's bf16 errors")
-def test_small_matrix_patch_keeps_a_models_results() -> None:
-    """The prototype's model A/B: test_wtconvnext with every small-map WTConv layer on the fused small-matrix
-    products (Triton's interpreter on the CPU, float64, random weights) gives the ordinary model's output and
-    parameter gradients, and really runs the prototype in each of its layers."""
-    import timm
-
-    from benchmarks import proto_small_matrix
-    from wtconvnext.layers.wtconv2d import WTConv2d
-
-    torch.manual_seed(0)
-    ref = timm.create_model("test_wtconvnext", num_classes=10).double()
-    with torch.no_grad():
-        for prm in ref.parameters():
-            prm.normal_(0, 0.2)
-    model = timm.create_model("test_wtconvnext", num_classes=10).double()
-    model.load_state_dict(ref.state_dict())
-    calls = []
-    apply = proto_small_matrix.SmallMatrixLean.apply
-    proto_small_matrix.patch_small_maps(model)
-    try:
-        proto_small_matrix.SmallMatrixLean.apply = lambda *a: calls.append(a[0].shape) or apply(*a)
-        x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
-        y_ref, y = ref(x), model(x)
-    finally:
-        proto_small_matrix.SmallMatrixLean.apply = apply
-    assert len(calls) == sum(isinstance(m, WTConv2d) for m in model.modules()) > 0
-    assert ((y - y_ref).abs().max() / y_ref.abs().max()).item() < 1e-10
-    y_ref.square().sum().backward()
-    y.square().sum().backward()
-    for (name, a), b in zip(ref.named_parameters(), model.parameters()):
-        assert ((b.grad - a.grad).abs().max() / a.grad.abs().max().clamp_min(1e-30)).item() < 1e-10, name
-
-
-@pytest.mark.triton
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="float64 products need the interpreter's exact arithmetic (see above)")
-def test_small_matrix_inference_cache_follows_the_parameters() -> None:
-    """The prototype's inference path keeps each layer's M: a second forward builds none and gives the same
-    output as the ordinary model, and a changed parameter (its version) makes the layer build M again."""
-    import timm
-
-    from benchmarks import proto_small_matrix
-
-    torch.manual_seed(0)
-    ref = timm.create_model("test_wtconvnext", num_classes=10).double().eval()
-    with torch.no_grad():
-        for prm in ref.parameters():
-            prm.normal_(0, 0.2)
-    model = timm.create_model("test_wtconvnext", num_classes=10).double().eval()
-    model.load_state_dict(ref.state_dict())
-    proto_small_matrix.patch_small_maps(model, cache=True)
-    builds = []
-    build = proto_small_matrix._matrices
-    proto_small_matrix._matrices = lambda *a: builds.append(1) or build(*a)
-    try:
-        x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
-        with torch.no_grad():
-            y_ref = ref(x)
-            outs = [model(x)]
-            counts = [len(builds)]
-            outs.append(model(x))
-            counts.append(len(builds))
-            layer = next(m for m in model.modules() if hasattr(m, "_small_matrix_cache"))
-            layer.wavelet_scale.mul_(2.0)
-            ref.get_submodule(next(n for n, m in model.named_modules() if m is layer)).wavelet_scale.mul_(2.0)
-            outs.append(model(x))
-            counts.append(len(builds))
-            y_changed = ref(x)
-    finally:
-        proto_small_matrix._matrices = build
-    # Every small-map layer built its M once, none in the second forward, only the changed layer in the third.
-    assert counts[0] > 0 and counts[1] == counts[0] and counts[2] == counts[0] + 1, counts
-    for got, want in ((outs[0], y_ref), (outs[1], y_ref), (outs[2], y_changed)):
-        assert ((got - want).abs().max() / want.abs().max()).item() < 1e-10
