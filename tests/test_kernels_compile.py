@@ -31,14 +31,17 @@ def _cases():
     conv = dict(x_ptr=bf16, acc_ptr=bf16, acc2_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32, W=i32,
                 B=i32)
     no_syn = dict(SYN1=False, HAS_ACC2=False)
-    yield tk._conv_kernel, conv, dict(CC=384, K=5, LEVELS=5, BW=4, BC=32, STRIDE=1, HAS_ACC=False, HAS_BIAS=False,
-                                      FLIP=True, COMPUTE=fp, **no_syn)
-    for k, stride in ((5, 1), (3, 2), (7, 1)):
+    # (EDGE_TAPS, TUNING edge_taps: the first and last rows unrolled one by one, a runtime test around each.)
+    for edge in (0, 1):
+        yield tk._conv_kernel, conv, dict(CC=384, K=5, LEVELS=5, BW=4, BC=32, STRIDE=1, HAS_ACC=False,
+                                          HAS_BIAS=False, FLIP=True, COMPUTE=fp, **no_syn, EDGE_TAPS=edge)
+    for k, stride, edge in ((5, 1, 0), (3, 2, 1), (7, 1, 0), (7, 2, 1)):
         yield tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=4, BC=32, STRIDE=stride, HAS_ACC=True,
-                                          HAS_BIAS=True, FLIP=False, COMPUTE=fp, **no_syn)
+                                          HAS_BIAS=True, FLIP=False, COMPUTE=fp, **no_syn, EDGE_TAPS=edge)
     for acc2, stride in ((True, 1), (False, 2)):  # the base convolution synthesising level 1 itself
         yield tk._conv_kernel, conv, dict(CC=96, K=5, LEVELS=0, BW=4, BC=32, STRIDE=stride, HAS_ACC=True,
-                                          HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=True, HAS_ACC2=acc2)
+                                          HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=True, HAS_ACC2=acc2,
+                                          EDGE_TAPS=int(acc2))
     wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     # The unrolled row walks (a minute each to compile) once, in the pair kernel below: it runs the same noinline
     # _wgrad_program as _wgrad_kernel, for the base and for the levels.
@@ -58,7 +61,7 @@ def _cases():
     for levels in (0, 2):
         yield tk._conv_kernel, dict(x_ptr=bf16, acc_ptr=bf16, acc2_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32), \
             dict(acc2_off=1, H=1, W=1, B=1, CC=96, K=5, LEVELS=levels, BW=4, BC=32, STRIDE=1, HAS_ACC=True,
-                 HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=levels == 0, HAS_ACC2=levels == 0)
+                 HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=levels == 0, HAS_ACC2=levels == 0, EDGE_TAPS=1)
         yield tk._wgrad_kernel, dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32), \
             dict(H=1, W=1, B=1, IMGS=1, G0=1, GT=1, CC=96, K=5, TP=32, LEVELS=levels, BW=7, BC=32, DSUM=True,
                  COMPUTE=fp, UNROLL=levels == 0)
@@ -88,14 +91,16 @@ def _small_cases():
     bf16, f32, i32 = "*bf16", "*fp32", "i32"
     ptrs = dict(x_ptr=bf16, coef_ptr=bf16, filt_ptr=bf16, y_ptr=bf16, bw_ptr=f32, bb_ptr=f32,
                 lw_ptr=f32)
-    for k, levels, hm, stride, fwd in ((5, 3, 16, 1, True), (5, 2, 8, 1, False), (3, 4, 16, 2, True),
-                                       (7, 1, 4, 1, True), (5, 0, 8, 1, True)):
+    for k, levels, hm, stride, fwd, edge in ((5, 3, 16, 1, True, 0), (5, 2, 8, 1, False, 0), (3, 4, 16, 2, True, 0),
+                                             (7, 1, 4, 1, True, 0), (5, 0, 8, 1, True, 0), (5, 3, 16, 1, True, 1),
+                                             (7, 2, 8, 1, False, 1)):
         yield sk._small_kernel, dict(**ptrs, H=i32, W=i32, B=i32), dict(
             C=384, K=k, LEVELS=levels, HM=hm, WM=hm, BW=4, BC=32, CHUNK=16, STRIDE=stride, HAS_BIAS=fwd,
-            FLIP=not fwd, HAS_COEF=not fwd, COMPUTE=tl.float32, SYN1=int(levels != 4))
-    yield sk._small_kernel, dict(**ptrs), dict(H=1, W=1, B=1, C=96, K=5, LEVELS=2, HM=1, WM=1, BW=4, BC=32, CHUNK=16,
-                                               STRIDE=1, HAS_BIAS=True, FLIP=False, HAS_COEF=False,
-                                               COMPUTE=tl.float32, SYN1=1)
+            FLIP=not fwd, HAS_COEF=not fwd, COMPUTE=tl.float32, SYN1=int(levels != 4), EDGE_TAPS=edge)
+    for edge in (0, 1):
+        yield sk._small_kernel, dict(**ptrs), dict(H=1, W=1, B=1, C=96, K=5, LEVELS=2, HM=1, WM=1, BW=4, BC=32,
+                                                   CHUNK=16, STRIDE=1, HAS_BIAS=True, FLIP=False, HAS_COEF=False,
+                                                   COMPUTE=tl.float32, SYN1=1, EDGE_TAPS=edge)
 
 
 def _compile_all() -> int:
@@ -135,7 +140,8 @@ def _loop_carries() -> int:
         ni = bw + k - 1
         cases = [
             (tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=bw, BC=32, STRIDE=1, HAS_ACC=True, HAS_BIAS=True,
-                                         FLIP=False, COMPUTE=tl.float32, SYN1=False, HAS_ACC2=False),
+                                         FLIP=False, COMPUTE=tl.float32, SYN1=False, HAS_ACC2=False,
+                                         EDGE_TAPS=int(unroll)),
              {(k - 1) * bw + ni, (k - 1) * bw}),
         ]
         for dsum in (False, True):

@@ -116,7 +116,7 @@ def _conv_kernel(
     acc2_off, H, W, B,
     CC: tl.constexpr, K: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
     STRIDE: tl.constexpr, HAS_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, FLIP: tl.constexpr,
-    COMPUTE: tl.constexpr, SYN1: tl.constexpr, HAS_ACC2: tl.constexpr,
+    COMPUTE: tl.constexpr, SYN1: tl.constexpr, HAS_ACC2: tl.constexpr, EDGE_TAPS: tl.constexpr,
 ):
     """Depthwise K x K convolution, 'same' zero padding: of one map (LEVELS = 0), or of every level's subbands in
     one launch (LEVELS = L: the program finds its level). FLIP rotates the kernel by 180 degrees. SYN1 (with
@@ -169,7 +169,7 @@ def _conv_kernel(
         a2p = ab
         rs1 = rs
     _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
-                CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2)
+                CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, EDGE_TAPS)
 
 
 @triton.jit
@@ -202,7 +202,7 @@ def _column_masks(cmask, n0, w, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.co
 def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
                 CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.constexpr, HAS_ACC: tl.constexpr,
                 HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr,
-                HAS_ACC2: tl.constexpr):
+                HAS_ACC2: tl.constexpr, EDGE_TAPS: tl.constexpr):
     """One strip of BW output columns from column n0 of an (h, w) map, walked down every row: ``xb`` / ``ab`` point
     at row 0, column n0 of the input / the added map (row stride ``rs``), ``yb`` at the output's row 0, column 0
     (row stride ``ors``); the channel vectors take the shape of ``cmask``."""
@@ -222,30 +222,61 @@ def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
     # the map only store and rotate. The padding rows above it are not walked at all: they would add w * 0 to
     # accumulators that are still zero. Both are 2 * PAD of h + 2 * PAD rows' multiply-adds, which the small
     # maps' levels felt most (at 14 x 14, levels 7 / 4 / 2 rows: 36 / 50 / 67 %; ncu, session 40).
-    mid = tl.maximum(h - 1, PAD)
-    for r in range(0, PAD):
-        acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
-                             CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, False)
-    for r in range(PAD, mid):
-        acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
-                             CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, False, False)
-    for r in range(mid, h):
-        acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
-                             CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, False)
-    for r in range(tl.maximum(h, mid), h + PAD):
-        acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
-                             CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, True)
+    if EDGE_TAPS and PAD > 0:
+        # The first and last PAD rows one by one (static), each without the multiply-adds into the accumulator
+        # rows of outputs above or below the map, which are never stored: per map 2 * (1 + ... + PAD) of
+        # K * h rows of products (at 14 / 7 / 4 rows with K = 5: 9 / 17 / 30 %; fewer than 2 * PAD rows skip only
+        # those above the map). Rows the map lacks (h < PAD) rotate only.
+        for t in tl.static_range(PAD):
+            if t < h:
+                acc, nxt = _conv_row(acc, nxt, t, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
+                                     t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
+                                     HAS_ACC2, True, False, PAD - t, 0)
+            else:
+                acc, nxt = _conv_row(acc, nxt, t, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
+                                     t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
+                                     HAS_ACC2, True, True, 0, 0)
+        for r in range(PAD, tl.maximum(h - PAD, PAD)):
+            acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
+                                 t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
+                                 HAS_ACC2, False, False, 0, 0)
+        for u in tl.static_range(PAD):
+            rb = h - PAD + u
+            if rb >= PAD:  # (else the first rows' walk had it)
+                acc, nxt = _conv_row(acc, nxt, rb, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
+                                     t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
+                                     HAS_ACC2, True, False, 0, u + 1)
+        for r in range(tl.maximum(h, PAD), h + PAD):
+            acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
+                                 CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, True, 0, 0)
+    else:
+        mid = tl.maximum(h - 1, PAD)
+        for r in range(0, PAD):
+            acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
+                                 CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, False, 0, 0)
+        for r in range(PAD, mid):
+            acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
+                                 t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
+                                 HAS_ACC2, False, False, 0, 0)
+        for r in range(mid, h):
+            acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
+                                 CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, False, 0, 0)
+        for r in range(tl.maximum(h, mid), h + PAD):
+            acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
+                                 CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, True, 0, 0)
 
 
 @triton.jit
 def _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
               CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.constexpr, HAS_ACC: tl.constexpr,
               HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr,
-              HAS_ACC2: tl.constexpr, EDGE: tl.constexpr, PADROW: tl.constexpr):
+              HAS_ACC2: tl.constexpr, EDGE: tl.constexpr, PADROW: tl.constexpr, SKIP_LO: tl.constexpr,
+              SKIP_HI: tl.constexpr):
     """Input row r of _conv_kernel: the next row's load, the row's multiply-adds into the K x BW rolling
     accumulators, and output row r - PAD's store. EDGE: the next row may not exist and the output row may not
     either (rows 0 .. PAD-1 and the last PAD + 1); else neither is tested. PADROW: row r is padding below the map
-    (no load, no multiply-adds: the store and the rotation only)."""
+    (no load, no multiply-adds: the store and the rotation only). SKIP_LO / SKIP_HI: no multiply-adds into the
+    first / last that many accumulator rows (outputs above / below the map)."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
     cur = nxt
@@ -263,7 +294,7 @@ def _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb
             new = ()
             for j in tl.static_range(K):  # slot j: output row r - PAD + j, reached through tap row K - 1 - j
                 for q in tl.static_range(BW):
-                    if (i - q >= 0) and (i - q < K):
+                    if (i - q >= 0) and (i - q < K) and (j >= SKIP_LO) and (j < K - SKIP_HI):
                         if FLIP:
                             wv = wts[j * K + (K - 1 - (i - q))]
                         else:
@@ -847,6 +878,12 @@ TUNING: dict[str, int] = {
     # CUDA time per fwd + bwd by the profiler (profile_layer.py --tuning, session 24, one run): 1.461 / 0.761 /
     # 0.478 / 0.316 ms against 1.516 / 0.762 / 0.485 / 0.319 at 56 / 28 / 14 / 7 (never slower, 3.6 % less at 56).
     "wgrad_pair": 1,
+    # edge_taps = 1: the convolutions' first and last K // 2 rows skip the multiply-adds into accumulator rows of
+    # outputs outside the map (never stored; bitwise the same results), at the price of those rows' code unrolled
+    # once each. Off until measured (session 40 built it with no device time left): counted, about 16 % of a
+    # 14 x 14 pass's multiply-adds (base and levels of 14 / 7 / 4 / 2 rows: 9 / 17 / 30 / 30 %), about 20 % at
+    # 7 x 7, 3 % at 56 x 56.
+    "edge_taps": 0,
     # Maps of at most small_max rows and columns run a whole pass in one launch (small_kernels.py): a program per
     # image and small_bc channels, small_warps warps, strips of small_bw columns, small_chunk positions per
     # analysis / synthesis step. 0: never. H200, bf16, B=128 (results/h200/summary.md, session 18): forward /
@@ -865,7 +902,7 @@ TUNING: dict[str, int] = {
     # against 0.052 / 0.029 / 0.019 / 0.020 at 56 / 28 / 14 / 7 (32 left 3 x 21 programs at 56 x 56, latency-bound).
     "pgrad_bc": 8,
 }
-_FLAG_KEYS = ("syn1", "wgrad_unroll", "wgrad_pair")  # 0 or 1, not sizes
+_FLAG_KEYS = ("syn1", "wgrad_unroll", "wgrad_pair", "edge_taps")  # 0 or 1, not sizes
 _ZERO_KEYS = ("small_max", "chunk_kb")  # 0 turns the path off
 _POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc")
 
@@ -1337,7 +1374,7 @@ def _small_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor]
         TUNING["small_warps"], C=ch, K=k, LEVELS=levels, HM=_pow2(h), WM=_pow2(w), BW=TUNING["small_bw"], BC=bc,
         CHUNK=TUNING["small_chunk"], STRIDE=stride, HAS_BIAS=base_b is not None, FLIP=flip,
         HAS_COEF=given, COMPUTE=_compute_dtype(x.dtype),
-        SYN1=int(_syn1(TUNING["small_bw"])),
+        SYN1=int(_syn1(TUNING["small_bw"])), EDGE_TAPS=TUNING["edge_taps"],
     )
 
 
@@ -1354,7 +1391,7 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
         _conv_kernel, (programs, _cdiv(cc, bc)),
         (x, acc, x if acc2 is None else acc2, y, wts, bias, acc2_off, h, w, bsz), TUNING["conv_warps"],
         CC=cc, K=k, LEVELS=levels, BW=bw, BC=bc, STRIDE=stride, HAS_ACC=has_acc, HAS_BIAS=has_bias, FLIP=flip,
-        COMPUTE=_compute_dtype(x.dtype), SYN1=syn1, HAS_ACC2=acc2 is not None,
+        COMPUTE=_compute_dtype(x.dtype), SYN1=syn1, HAS_ACC2=acc2 is not None, EDGE_TAPS=TUNING["edge_taps"],
     )
 
 
