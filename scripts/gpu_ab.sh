@@ -131,16 +131,17 @@ if [[ "$what" == *pgrad* ]]; then
       ${t:+--tuning ${t//,/ }}
   done
 fi
-# TUNING edge_taps (built in session 40 without device time left, off until measured): CUDA time per kernel at
-# every stage shape without and with it, then the layer rows side by side. Warm both first ("warm" with
-# WARM_VARIANTS=edge_taps=1).
+# TUNING edge_taps and wgrad_edge (built in session 40 without device time left, off until measured): CUDA time
+# per kernel at every stage shape without and with each, then the layer rows side by side. Warm them first
+# ("warm" with WARM_VARIANTS="edge_taps=1 wgrad_edge=1 edge_taps=1,wgrad_edge=1").
 if [[ "$what" == *edge* ]]; then
-  for t in "" edge_taps=1; do
+  for t in "" edge_taps=1 wgrad_edge=1 edge_taps=1,wgrad_edge=1; do
     step 90 "profile_edge_${t:-default}.txt" "$py" benchmarks/profile_layer.py --shapes 0 1 2 3 --dtypes bf16 --cl \
-      ${t:+--tuning $t}
+      ${t:+--tuning ${t//,/ }}
   done
-  step 200 layer_edge.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --variants edge_taps=1 \
-    --impls wtconv_triton_cl dw7_cl wtconv_triton_cl+edge_taps=1 --out "$out/layer_edge.json"
+  step 240 layer_edge.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 \
+    --variants edge_taps=1,wgrad_edge=1 --impls wtconv_triton_cl dw7_cl wtconv_triton_cl+edge_taps=1,wgrad_edge=1 \
+    --out "$out/layer_edge.json"
 fi
 # Does a compiled layer give eager's results, on each op path, compile mode and dtype (compiled_parity.py: about 3
 # minutes for 8 cases)? PARITY_ARGS: e.g. "--paths traced" (the default path's 6 cases only).

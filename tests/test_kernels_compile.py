@@ -45,12 +45,17 @@ def _cases():
     wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     # The unrolled row walks (a minute each to compile) once, in the pair kernel below: it runs the same noinline
     # _wgrad_program as _wgrad_kernel, for the base and for the levels.
-    yield tk._wgrad_kernel, wg, dict(CC=96, K=5, TP=32, LEVELS=0, BW=7, BC=32, DSUM=True, COMPUTE=fp, UNROLL=False)
+    # (WEDGE, TUNING wgrad_edge: the first and last x rows unrolled one by one, a runtime test around each.)
+    yield tk._wgrad_kernel, wg, dict(CC=96, K=5, TP=32, LEVELS=0, BW=7, BC=32, DSUM=True, COMPUTE=fp, UNROLL=False,
+                                     WEDGE=False)
     yield tk._wgrad_kernel, wg, dict(CC=384, K=5, TP=32, LEVELS=4, BW=7, BC=64, DSUM=False, COMPUTE=fp,
-                                     UNROLL=False)
+                                     UNROLL=False, WEDGE=True)
+    yield tk._wgrad_kernel, wg, dict(CC=96, K=3, TP=16, LEVELS=0, BW=7, BC=32, DSUM=True, COMPUTE=fp, UNROLL=True,
+                                     WEDGE=True)  # (K = 7 unrolled compiles for 160 s here; the carry check takes K = 5)
     pair = dict(x_ptr=bf16, g_ptr=bf16, bpart_ptr=f32, cx_ptr=bf16, cg_ptr=bf16, lpart_ptr=f32, H=i32, W=i32, B=i32,
                 IMGS=i32, G0=i32, GT=i32, R0=i32)
-    yield tk._wgrad_pair_kernel, pair, dict(C=96, K=5, TP=32, LEVELS=5, BW=7, BC0=32, BC=64, COMPUTE=fp, UNROLL=True)
+    yield tk._wgrad_pair_kernel, pair, dict(C=96, K=5, TP=32, LEVELS=5, BW=7, BC0=32, BC=64, COMPUTE=fp, UNROLL=True,
+                                            WEDGE=False)
     # Triton specialises an int argument equal to 1 as a constant: every kernel must compile with them all 1.
     one = dict(H0=1, W0=1, B=1, PATCHES_W=1, PATCHES=1)
     yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16, src2_ptr=bf16, coef2_ptr=bf16, src_off=i32,
@@ -64,7 +69,7 @@ def _cases():
                  HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=levels == 0, HAS_ACC2=levels == 0, EDGE_TAPS=1)
         yield tk._wgrad_kernel, dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32), \
             dict(H=1, W=1, B=1, IMGS=1, G0=1, GT=1, CC=96, K=5, TP=32, LEVELS=levels, BW=7, BC=32, DSUM=True,
-                 COMPUTE=fp, UNROLL=levels == 0)
+                 COMPUTE=fp, UNROLL=levels == 0, WEDGE=True)
     params = dict(w_ptr=f32, b_ptr=f32, bs_ptr=f32, ww_ptr=f32, ws_ptr=f32)
     grads = dict(dw_ptr=f32, db_ptr=f32, dbs_ptr=f32, dww_ptr=f32, dws_ptr=f32)
     ints = dict(R0=i32, H=i32, W=i32, B=i32, IMGS=i32)
@@ -147,7 +152,7 @@ def _loop_carries() -> int:
         for dsum in (False, True):
             sums = k * k + dsum
             cases.append((tk._wgrad_kernel, wg, dict(CC=384, K=k, TP=32, LEVELS=4, BW=bw + 3, BC=64, DSUM=dsum,
-                                                     COMPUTE=tl.float32, UNROLL=unroll),
+                                                     COMPUTE=tl.float32, UNROLL=unroll, WEDGE=dsum),
                           {sums, sums + k * (bw + 3) + (bw + 3 + k - 1)}))
         for fn, sig, const, want in cases:
             ttir = ttir_sm90(fn, sig, const, 1)  # the IR the check reads, without the minutes of later stages

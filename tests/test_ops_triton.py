@@ -363,12 +363,14 @@ def test_launch_shapes_do_not_change_results(tuning, monkeypatch):
         assert _max_rel(o, r) <= 1e-10, name
 
 
+@pytest.mark.parametrize("flag", ["edge_taps", "wgrad_edge"])
 @pytest.mark.parametrize("small_max", [0, 16], ids=["multi-launch", "one-launch"])
-def test_edge_taps_change_no_bit(small_max, monkeypatch):
-    """TUNING edge_taps (the convolutions' first and last rows skip the multiply-adds into accumulator rows of
-    outputs outside the map) gives bitwise the ordinary walk's output and gradients, and the reference's: K = 7 on
-    a map whose levels have 5, 3 and 2 rows (fewer than K // 2) and 3, 2 and 1 columns, with and without a stride,
-    in fp32 (the kernels' own arithmetic, no float64 headroom to hide a changed sum)."""
+def test_edge_rows_change_no_bit(flag, small_max, monkeypatch):
+    """TUNING edge_taps / wgrad_edge (the convolutions' / weight gradients' first and last rows skip the
+    multiply-adds into accumulator rows outside the map / with dy rows outside it) give bitwise the ordinary walks'
+    output and gradients, and the reference's: K = 7 on a map whose levels have 5, 3 and 2 rows (fewer than
+    K // 2) and 3, 2 and 1 columns, with and without a stride, in fp32 (the kernels' own arithmetic, no float64
+    headroom to hide a changed sum)."""
     from wtconvnext.ops import triton_kernels as tk
 
     b, c, h, w, k, levels = 2, 3, 9, 5, 7, 3
@@ -376,9 +378,9 @@ def test_edge_taps_change_no_bit(small_max, monkeypatch):
     x = torch.randn(b, c, h, w, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     for stride in (1, 2):
         got = {}
-        for edge in (0, 1):
-            monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max, "edge_taps": edge})
-            got[edge], dy = _run(x, params, stride, "triton")  # (the same dy: a fixed seed)
+        for on in (0, 1):
+            monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max, flag: on})
+            got[on], dy = _run(x, params, stride, "triton")  # (the same dy: a fixed seed)
         for name, a, e in zip(NAMES, got[0], got[1]):
             assert torch.equal(a, e), (stride, name)
         ref, _ = _run(x.double(), [p.double() for p in params], stride, "reference", dy.double())

@@ -378,7 +378,7 @@ def _wgrad_kernel(
     H, W, B, IMGS,
     G0, GT,  # the image groups of this launch start at group G0 of a batch of GT groups (the partial rows' layout)
     CC: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
-    BC: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr,
+    BC: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr, WEDGE: tl.constexpr,
 ):
     """d w[ky, kx] = sum over positions of dy(o, n) * x(o + ky - PAD, n + kx - PAD): a program walks the x rows
     of IMGS images for BW columns, keeping the K dy rows an x row pairs with; of one map (LEVELS = 0), or of every
@@ -386,7 +386,7 @@ def _wgrad_kernel(
     chunk of a larger batch: each program writes the row it has in the whole batch's launch (level-major, then
     group, then strip), so the partials and their fixed-order sum do not depend on the chunking."""
     _wgrad_program(tl.program_id(0), tl.program_id(1), x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC, K, TP,
-                   LEVELS, BW, BC, DSUM, COMPUTE, UNROLL)
+                   LEVELS, BW, BC, DSUM, COMPUTE, UNROLL, WEDGE)
 
 
 @triton.jit
@@ -399,7 +399,7 @@ def _wgrad_pair_kernel(
     R0,  # programs of the base (axis 0); the levels' follow
     C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
     BC0: tl.constexpr, BC: tl.constexpr,  # channels per program of the base and of the levels
-    COMPUTE: tl.constexpr, UNROLL: tl.constexpr,
+    COMPUTE: tl.constexpr, UNROLL: tl.constexpr, WEDGE: tl.constexpr,
 ):
     """_wgrad_kernel's two launches (the base map, every level's subbands) as one: a launch less per backward.
     Axis 1 runs over the levels' 4C / BC channel blocks; the base's programs past its C / BC0 blocks do nothing."""
@@ -410,11 +410,11 @@ def _wgrad_pair_kernel(
     if pid < R0:
         if cb < NB0:
             _wgrad_program(pid, cb, x_ptr, g_ptr, bpart_ptr, H, W, B, IMGS, G0, GT, C, K, TP, 0, BW, BC0, True,
-                           COMPUTE, UNROLL)
+                           COMPUTE, UNROLL, WEDGE)
     else:
         if cb < NB:
             _wgrad_program(pid - R0, cb, cx_ptr, cg_ptr, lpart_ptr, H, W, B, IMGS, G0, GT, 4 * C, K, TP, LEVELS,
-                           BW, BC, False, COMPUTE, UNROLL)
+                           BW, BC, False, COMPUTE, UNROLL, WEDGE)
 
 
 # noinline: the paired kernel's two walks stay separate functions, and Triton's TritonGPUCoalesce pass, quadratic
@@ -422,7 +422,7 @@ def _wgrad_pair_kernel(
 @triton.jit(noinline=True)
 def _wgrad_program(pid, cb, x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC: tl.constexpr, K: tl.constexpr,
                    TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, DSUM: tl.constexpr,
-                   COMPUTE: tl.constexpr, UNROLL: tl.constexpr):
+                   COMPUTE: tl.constexpr, UNROLL: tl.constexpr, WEDGE: tl.constexpr):
     """Program ``pid`` (of its map or maps) and channel block ``cb`` of _wgrad_kernel."""
     if LEVELS > 0:
         lv, h, w, st, off = _level_of(pid, H, W, B, IMGS, BW, LEVELS, CC)
@@ -441,12 +441,13 @@ def _wgrad_program(pid, cb, x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC: t
     row = first + G0 * strips + local
     cc = cb * BC + tl.arange(0, BC)
     _wgrad_strip(xb0, gb0, part_ptr + row.to(tl.int64) * TP * CC + cc, h, w, (local % strips) * BW,
-                 local // strips, B, IMGS, cc, cc < CC, CC, K, BW, DSUM, COMPUTE, UNROLL)
+                 local // strips, B, IMGS, cc, cc < CC, CC, K, BW, DSUM, COMPUTE, UNROLL, WEDGE)
 
 
 @triton.jit
 def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.constexpr, K: tl.constexpr,
-                 BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr):
+                 BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr,
+                 WEDGE: tl.constexpr):
     """One partial row of _wgrad_kernel: BW columns from n0 of images grp * IMGS .. of an (h, w) map whose image 0
     starts at ``xb0`` / ``gb0`` (x, dy; CC channels a pixel), into ``dst`` (the row's tap 0, at channels ``cc``)."""
     PAD: tl.constexpr = K // 2
@@ -478,16 +479,40 @@ def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.conste
         # The rows whose next x and dy rows both exist (in unrolled blocks of K with UNROLL: the K dy rows in flight
         # rotate back to where they started, so the loop carries them without register moves), then the last
         # PAD + 1 rows with the row tests.
-        mid = 0
-        if UNROLL:
-            mid = tl.maximum(h - 1 - PAD, 0) // K * K
-            for r0 in range(0, mid, K):
-                for u in tl.static_range(K):
-                    acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r0 + u, xb, gb, rs, h, inm, gm, bok,
-                                                        CC, K, BW, DSUM, COMPUTE, False)
-        for r in range(mid, h):
-            acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
-                                                CC, K, BW, DSUM, COMPUTE, True)
+        if WEDGE and PAD > 0:
+            # The first and last PAD x rows one by one (static), each without its products with the dy rows
+            # outside the map (zeros): 2 * (1 + ... + PAD) of K * h rows of products per map (at 14 / 7 / 4 rows
+            # with K = 5: 9 / 17 / 30 %; fewer than 2 * PAD rows skip only those above the map).
+            for t in tl.static_range(PAD):
+                if t < h:
+                    acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, t, xb, gb, rs, h, inm, gm, bok,
+                                                        CC, K, BW, DSUM, COMPUTE, True, PAD - t, 0)
+            mid = PAD + 0 * h
+            if UNROLL:
+                mid = PAD + tl.maximum(h - 1 - 2 * PAD, 0) // K * K
+                for r0 in range(PAD, mid, K):
+                    for u in tl.static_range(K):
+                        acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r0 + u, xb, gb, rs, h, inm, gm,
+                                                            bok, CC, K, BW, DSUM, COMPUTE, False, 0, 0)
+            for r in range(mid, tl.maximum(h - PAD, mid)):
+                acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
+                                                    CC, K, BW, DSUM, COMPUTE, True, 0, 0)
+            for u in tl.static_range(PAD):
+                rb = h - PAD + u
+                if rb >= mid:  # (else the first rows' walk had it)
+                    acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, rb, xb, gb, rs, h, inm, gm, bok,
+                                                        CC, K, BW, DSUM, COMPUTE, True, 0, u + 1)
+        else:
+            mid = 0
+            if UNROLL:
+                mid = tl.maximum(h - 1 - PAD, 0) // K * K
+                for r0 in range(0, mid, K):
+                    for u in tl.static_range(K):
+                        acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r0 + u, xb, gb, rs, h, inm, gm,
+                                                            bok, CC, K, BW, DSUM, COMPUTE, False, 0, 0)
+            for r in range(mid, h):
+                acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
+                                                    CC, K, BW, DSUM, COMPUTE, True, 0, 0)
     for t in tl.static_range(K * K):
         tl.store(dst + t * CC, acc[t].to(dst.dtype.element_ty), mask=cmask)
     if DSUM:
@@ -497,9 +522,10 @@ def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.conste
 @triton.jit
 def _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
                 CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr,
-                EDGE: tl.constexpr):
+                EDGE: tl.constexpr, SKIP_TOP: tl.constexpr, SKIP_BOT: tl.constexpr):
     """x row r of _wgrad_kernel: the next x and dy rows' loads, dy row r + PAD joining the K rows in flight, and
-    x row r's products with each of them. EDGE: the next rows may not exist (the last PAD + 1 rows)."""
+    x row r's products with each of them. EDGE: the next rows may not exist (the last PAD + 1 rows). SKIP_TOP /
+    SKIP_BOT: no products for the last / first that many ky (dy rows above / below the map: zeros)."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
     gc = gn
@@ -532,7 +558,7 @@ def _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
         upd = ()
         for ky in tl.static_range(K):
             for kx in tl.static_range(K):
-                if (i - kx >= 0) and (i - kx < BW):
+                if (i - kx >= 0) and (i - kx < BW) and (ky >= SKIP_BOT) and (ky < K - SKIP_TOP):
                     upd = upd + (acc[ky * K + kx] + v * dq[(K - 1 - ky) * BW + (i - kx)],)
                 else:
                     upd = upd + (acc[ky * K + kx],)
@@ -884,6 +910,10 @@ TUNING: dict[str, int] = {
     # 14 x 14 pass's multiply-adds (base and levels of 14 / 7 / 4 / 2 rows: 9 / 17 / 30 / 30 %), about 20 % at
     # 7 x 7, 3 % at 56 x 56.
     "edge_taps": 0,
+    # wgrad_edge = 1: the same for the weight gradients' first and last K // 2 x rows (no products with the dy rows
+    # outside the map, which are zeros; the same sums but for a -0 / +0 or an inf * 0 there). Off until measured
+    # (session 40, no device time left): about the same shares of their multiply-adds.
+    "wgrad_edge": 0,
     # Maps of at most small_max rows and columns run a whole pass in one launch (small_kernels.py): a program per
     # image and small_bc channels, small_warps warps, strips of small_bw columns, small_chunk positions per
     # analysis / synthesis step. 0: never. H200, bf16, B=128 (results/h200/summary.md, session 18): forward /
@@ -902,7 +932,7 @@ TUNING: dict[str, int] = {
     # against 0.052 / 0.029 / 0.019 / 0.020 at 56 / 28 / 14 / 7 (32 left 3 x 21 programs at 56 x 56, latency-bound).
     "pgrad_bc": 8,
 }
-_FLAG_KEYS = ("syn1", "wgrad_unroll", "wgrad_pair", "edge_taps")  # 0 or 1, not sizes
+_FLAG_KEYS = ("syn1", "wgrad_unroll", "wgrad_pair", "edge_taps", "wgrad_edge")  # 0 or 1, not sizes
 _ZERO_KEYS = ("small_max", "chunk_kb")  # 0 turns the path off
 _POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc")
 
@@ -1417,6 +1447,7 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     compute = _compute_dtype(x.dtype)
     bc = _block_c(ch, TUNING["wgrad_bc"])
     unroll = bool(TUNING["wgrad_unroll"])
+    wedge = bool(TUNING["wgrad_edge"])
     if parts is None:
         base = _plan.empty((groups * _cdiv(w, bw), tp, ch), acc, x.device)
         lev = _plan.empty((_level_programs(h, w, levels, bw, groups), tp, 4 * ch), acc,
@@ -1435,12 +1466,12 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
             _wgrad_pair_kernel,
             (r0 + _level_programs(h, w, levels, bw, _cdiv(bsz, imgs)), max(_cdiv(ch, bc), _cdiv(4 * ch, lbc))),
             (x, dy, base, coef_x, coef_dy, lev, h, w, bsz, imgs, *spans, r0), warps,
-            C=ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC0=bc, BC=lbc, COMPUTE=compute, UNROLL=unroll,
+            C=ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC0=bc, BC=lbc, COMPUTE=compute, UNROLL=unroll, WEDGE=wedge,
         )
         return base, lev
     _launch(
         _wgrad_kernel, (r0, _cdiv(ch, bc)), (x, dy, base, h, w, bsz, imgs, *spans),
-        warps, CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll,
+        warps, CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll, WEDGE=wedge,
     )
     if not levels:
         return base, base
@@ -1448,6 +1479,7 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
         _wgrad_kernel, (_level_programs(h, w, levels, bw, _cdiv(bsz, imgs)), _cdiv(4 * ch, lbc)),
         (coef_x, coef_dy, lev, h, w, bsz, imgs, *spans), warps,
         CC=4 * ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute, UNROLL=unroll,
+        WEDGE=wedge,
     )
     return base, lev
 
