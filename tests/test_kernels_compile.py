@@ -50,8 +50,9 @@ def _cases():
                                      WEDGE=False)
     yield tk._wgrad_kernel, wg, dict(CC=384, K=5, TP=32, LEVELS=4, BW=7, BC=64, DSUM=False, COMPUTE=fp,
                                      UNROLL=False, WEDGE=True)
+    # (K = 7 unrolled compiles for 160 s here; the loop-carry check takes K = 5 as far as the IR.)
     yield tk._wgrad_kernel, wg, dict(CC=96, K=3, TP=16, LEVELS=0, BW=7, BC=32, DSUM=True, COMPUTE=fp, UNROLL=True,
-                                     WEDGE=True)  # (K = 7 unrolled compiles for 160 s here; the carry check takes K = 5)
+                                     WEDGE=True)
     pair = dict(x_ptr=bf16, g_ptr=bf16, bpart_ptr=f32, cx_ptr=bf16, cg_ptr=bf16, lpart_ptr=f32, H=i32, W=i32, B=i32,
                 IMGS=i32, G0=i32, GT=i32, R0=i32)
     yield tk._wgrad_pair_kernel, pair, dict(C=96, K=5, TP=32, LEVELS=5, BW=7, BC0=32, BC=64, COMPUTE=fp, UNROLL=True,
