@@ -912,7 +912,8 @@ TUNING: dict[str, int] = {
     "edge_taps": 0,
     # wgrad_edge = 1: the same for the weight gradients' first and last K // 2 x rows (no products with the dy rows
     # outside the map, which are zeros; the same sums but for a -0 / +0 or an inf * 0 there). Off until measured
-    # (session 40, no device time left): about the same shares of their multiply-adds.
+    # (session 40, no device time left): about the same shares of their multiply-adds, for a longer compile (the
+    # pair kernel's sm_90 compile on the 2-core CPU machine: 92 s against 56 s).
     "wgrad_edge": 0,
     # Maps of at most small_max rows and columns run a whole pass in one launch (small_kernels.py): a program per
     # image and small_bc channels, small_warps warps, strips of small_bw columns, small_chunk positions per
