@@ -142,6 +142,7 @@ def _loop_carries() -> int:
                 W=i32, B=i32)
     wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     failed = 0
+    # The edge-row walks (EDGE_TAPS, WEDGE) ride on the unrolled and dy-sum cases: they carry the same values.
     for k, bw, unroll in ((5, 4, False), (5, 4, True), (3, 6, True)):
         ni = bw + k - 1
         cases = [

@@ -487,7 +487,7 @@ def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.conste
                 if t < h:
                     acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, t, xb, gb, rs, h, inm, gm, bok,
                                                         CC, K, BW, DSUM, COMPUTE, True, PAD - t, 0)
-            mid = PAD + 0 * h
+            mid = PAD
             if UNROLL:
                 mid = PAD + tl.maximum(h - 1 - 2 * PAD, 0) // K * K
                 for r0 in range(PAD, mid, K):
