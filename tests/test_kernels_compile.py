@@ -34,14 +34,15 @@ def _cases():
     # (EDGE_TAPS, TUNING edge_taps: the first and last rows unrolled one by one, a runtime test around each.)
     for edge in (0, 1):
         yield tk._conv_kernel, conv, dict(CC=384, K=5, LEVELS=5, BW=4, BC=32, STRIDE=1, HAS_ACC=False,
-                                          HAS_BIAS=False, FLIP=True, COMPUTE=fp, **no_syn, EDGE_TAPS=edge)
+                                          HAS_BIAS=False, FLIP=True, COMPUTE=fp, **no_syn, EDGE_TAPS=edge, SYN_AHEAD=0)
     for k, stride, edge in ((5, 1, 0), (3, 2, 1), (7, 1, 0), (7, 2, 1)):
         yield tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=4, BC=32, STRIDE=stride, HAS_ACC=True,
-                                          HAS_BIAS=True, FLIP=False, COMPUTE=fp, **no_syn, EDGE_TAPS=edge)
-    for acc2, stride in ((True, 1), (False, 2)):  # the base convolution synthesising level 1 itself
-        yield tk._conv_kernel, conv, dict(CC=96, K=5, LEVELS=0, BW=4, BC=32, STRIDE=stride, HAS_ACC=True,
-                                          HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=True, HAS_ACC2=acc2,
-                                          EDGE_TAPS=int(acc2))
+                                          HAS_BIAS=True, FLIP=False, COMPUTE=fp, **no_syn, EDGE_TAPS=edge, SYN_AHEAD=0)
+    # The base convolution synthesising level 1 itself (SYN_AHEAD, TUNING syn1_ahead: its values a row ahead).
+    for acc2, stride, ahead in ((True, 1, 0), (False, 2, 1), (True, 1, 1)):
+        yield tk._conv_kernel, conv, dict(CC=96, K=5, LEVELS=0, BW=4, BC=64 if ahead and acc2 else 32, STRIDE=stride,
+                                          HAS_ACC=True, HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=True,
+                                          HAS_ACC2=acc2, EDGE_TAPS=int(acc2), SYN_AHEAD=ahead)
     wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     # The unrolled row walks (a minute each to compile) once, in the pair kernel below: it runs the same noinline
     # _wgrad_program as _wgrad_kernel, for the base and for the levels.
@@ -67,7 +68,8 @@ def _cases():
     for levels in (0, 2):
         yield tk._conv_kernel, dict(x_ptr=bf16, acc_ptr=bf16, acc2_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32), \
             dict(acc2_off=1, H=1, W=1, B=1, CC=96, K=5, LEVELS=levels, BW=4, BC=32, STRIDE=1, HAS_ACC=True,
-                 HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=levels == 0, HAS_ACC2=levels == 0, EDGE_TAPS=1)
+                 HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=levels == 0, HAS_ACC2=levels == 0, EDGE_TAPS=1,
+                 SYN_AHEAD=1)
         yield tk._wgrad_kernel, dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32), \
             dict(H=1, W=1, B=1, IMGS=1, G0=1, GT=1, CC=96, K=5, TP=32, LEVELS=levels, BW=7, BC=32, DSUM=True,
                  COMPUTE=fp, UNROLL=levels == 0, WEDGE=True)
@@ -102,11 +104,12 @@ def _small_cases():
                                              (7, 2, 8, 1, False, 1)):
         yield sk._small_kernel, dict(**ptrs, H=i32, W=i32, B=i32), dict(
             C=384, K=k, LEVELS=levels, HM=hm, WM=hm, BW=4, BC=32, CHUNK=16, STRIDE=stride, HAS_BIAS=fwd,
-            FLIP=not fwd, HAS_COEF=not fwd, COMPUTE=tl.float32, SYN1=int(levels != 4), EDGE_TAPS=edge)
+            FLIP=not fwd, HAS_COEF=not fwd, COMPUTE=tl.float32, SYN1=int(levels != 4), EDGE_TAPS=edge,
+            SYN_AHEAD=int(fwd and edge))
     for edge in (0, 1):
         yield sk._small_kernel, dict(**ptrs), dict(H=1, W=1, B=1, C=96, K=5, LEVELS=2, HM=1, WM=1, BW=4, BC=32,
                                                    CHUNK=16, STRIDE=1, HAS_BIAS=True, FLIP=False, HAS_COEF=False,
-                                                   COMPUTE=tl.float32, SYN1=1, EDGE_TAPS=edge)
+                                                   COMPUTE=tl.float32, SYN1=1, EDGE_TAPS=edge, SYN_AHEAD=edge)
 
 
 def _compile_all() -> int:
@@ -143,14 +146,21 @@ def _loop_carries() -> int:
     wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     failed = 0
     # The edge-row walks (EDGE_TAPS, WEDGE) ride on the unrolled and dy-sum cases: they carry the same values.
+    # (The syn1_ahead cases: HAS_ACC2 with them.)
     for k, bw, unroll in ((5, 4, False), (5, 4, True), (3, 6, True)):
         ni = bw + k - 1
         cases = [
             (tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=bw, BC=32, STRIDE=1, HAS_ACC=True, HAS_BIAS=True,
                                          FLIP=False, COMPUTE=tl.float32, SYN1=False, HAS_ACC2=False,
-                                         EDGE_TAPS=int(unroll)),
+                                         EDGE_TAPS=int(unroll), SYN_AHEAD=0),
              {(k - 1) * bw + ni, (k - 1) * bw}),
         ]
+        # SYN_AHEAD: level 1's values for the next output row ride along (ns of them), in the padding rows too.
+        ns = bw // 2 * (5 if unroll else 4)
+        cases.append((tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=bw, BC=32, STRIDE=1, HAS_ACC=True,
+                                                  HAS_BIAS=True, FLIP=False, COMPUTE=tl.float32, SYN1=True,
+                                                  HAS_ACC2=unroll, EDGE_TAPS=int(unroll), SYN_AHEAD=1),
+                      {(k - 1) * bw + ni + ns, (k - 1) * bw + ns}))
         for dsum in (False, True):
             sums = k * k + dsum
             cases.append((tk._wgrad_kernel, wg, dict(CC=384, K=k, TP=32, LEVELS=4, BW=bw + 3, BC=64, DSUM=dsum,

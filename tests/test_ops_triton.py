@@ -346,8 +346,10 @@ def test_coefficients_are_the_haar_subbands(dtype):
     dict(small_max=16, small_bw=11, small_bc=16, small_warps=4, small_chunk=256),
     dict(small_max=16, small_bw=2, syn1=1),  # level 1 synthesised by the base convolution
     dict(small_max=16, syn1=0),  # the small pass's synthesis does level 1
+    # Level 1's values loaded a row ahead, one 2 x 2 block per strip, base channel blocks of 2 (C = 3: one masked).
+    dict(conv_bw=2, syn1=1, syn1_ahead=1, conv_base_bc=2),
 ], ids=["tiny-tiles", "large-tiles", "syn1-narrow", "syn1-odd-strips", "no-syn1", "wgrad-two-launches", "small-tiny",
-     "small-large", "small-syn1-narrow", "small-no-syn1"])
+     "small-large", "small-syn1-narrow", "small-no-syn1", "syn1-ahead-narrow"])
 def test_launch_shapes_do_not_change_results(tuning, monkeypatch):
     """Column strips, channel blocks, image groups and patch chunks that split maps, images and channels
     unevenly (and strips wider than the maps)."""
@@ -363,12 +365,13 @@ def test_launch_shapes_do_not_change_results(tuning, monkeypatch):
         assert _max_rel(o, r) <= 1e-10, name
 
 
-@pytest.mark.parametrize("flag", ["edge_taps", "wgrad_edge"])
+@pytest.mark.parametrize("flag", ["edge_taps", "wgrad_edge", "syn1_ahead"])
 @pytest.mark.parametrize("small_max", [0, 16], ids=["multi-launch", "one-launch"])
 def test_edge_rows_change_no_bit(flag, small_max, monkeypatch):
     """TUNING edge_taps / wgrad_edge (the convolutions' / weight gradients' first and last rows skip the
-    multiply-adds into accumulator rows outside the map / with dy rows outside it) give bitwise the ordinary walks'
-    output and gradients, and the reference's: K = 7 on a map whose levels have 5, 3 and 2 rows (fewer than
+    multiply-adds into accumulator rows outside the map / with dy rows outside it) and syn1_ahead (the base
+    convolution's level-1 values loaded a row ahead, so the first and last rows' loads are masked by row) give
+    bitwise the ordinary walks' output and gradients, and the reference's: K = 7 on a map whose levels have 5, 3 and 2 rows (fewer than
     K // 2) and 3, 2 and 1 columns, strided on the multi-launch path, in fp32 (the kernels' own arithmetic, no
     float64 headroom to hide a changed sum)."""
     from wtconvnext.ops import triton_kernels as tk

@@ -117,6 +117,7 @@ def _conv_kernel(
     CC: tl.constexpr, K: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
     STRIDE: tl.constexpr, HAS_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, FLIP: tl.constexpr,
     COMPUTE: tl.constexpr, SYN1: tl.constexpr, HAS_ACC2: tl.constexpr, EDGE_TAPS: tl.constexpr,
+    SYN_AHEAD: tl.constexpr,
 ):
     """Depthwise K x K convolution, 'same' zero padding: of one map (LEVELS = 0), or of every level's subbands in
     one launch (LEVELS = L: the program finds its level). FLIP rotates the kernel by 180 degrees. SYN1 (with
@@ -169,7 +170,7 @@ def _conv_kernel(
         a2p = ab
         rs1 = rs
     _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
-                CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, EDGE_TAPS)
+                CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, EDGE_TAPS, SYN_AHEAD)
 
 
 @triton.jit
@@ -202,7 +203,7 @@ def _column_masks(cmask, n0, w, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.co
 def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
                 CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.constexpr, HAS_ACC: tl.constexpr,
                 HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr,
-                HAS_ACC2: tl.constexpr, EDGE_TAPS: tl.constexpr):
+                HAS_ACC2: tl.constexpr, EDGE_TAPS: tl.constexpr, SYN_AHEAD: tl.constexpr):
     """One strip of BW output columns from column n0 of an (h, w) map, walked down every row: ``xb`` / ``ab`` point
     at row 0, column n0 of the input / the added map (row stride ``rs``), ``yb`` at the output's row 0, column 0
     (row stride ``ors``); the channel vectors take the shape of ``cmask``."""
@@ -216,6 +217,8 @@ def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
     nxt = ()
     for i in tl.static_range(NI):
         nxt = nxt + (tl.load(xb + (i - PAD) * CC, mask=inm[i] & (h > 0), other=0.0),)
+    if SYN1 and SYN_AHEAD:  # the first output row's level-1 values ride behind the row's (see _conv_row)
+        nxt = nxt + _syn1_loads(t1p, a2p, h * 0 - PAD, h, rs1, n0, w, cmask, CC, BW, HAS_ACC2, True)
     # Input rows 0 .. h+PAD-1 in four loops: the rows in the middle, whose next row exists and which complete an
     # output row, without the row tests (in each load's mask and around the stores) that the edges need (one loop
     # testing every row ran at 0.94-0.95x in the input gradient on the H200, session 20); the padding rows below
@@ -231,39 +234,39 @@ def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
             if t < h:
                 acc, nxt = _conv_row(acc, nxt, t, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
                                      t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
-                                     HAS_ACC2, True, False, PAD - t, 0)
+                                     HAS_ACC2, True, False, PAD - t, 0, SYN_AHEAD)
             else:
                 acc, nxt = _conv_row(acc, nxt, t, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
                                      t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
-                                     HAS_ACC2, True, True, 0, 0)
+                                     HAS_ACC2, True, True, 0, 0, SYN_AHEAD)
         for r in range(PAD, tl.maximum(h - PAD, PAD)):
             acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
                                  t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
-                                 HAS_ACC2, False, False, 0, 0)
+                                 HAS_ACC2, False, False, 0, 0, SYN_AHEAD)
         for u in tl.static_range(PAD):
             rb = h - PAD + u
             if rb >= PAD:  # (else the first rows' walk had it)
                 acc, nxt = _conv_row(acc, nxt, rb, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
                                      t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
-                                     HAS_ACC2, True, False, 0, u + 1)
+                                     HAS_ACC2, True, False, 0, u + 1, SYN_AHEAD)
         for r in range(tl.maximum(h, PAD), h + PAD):
             acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
-                                 CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, True, 0, 0)
+                                 CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, True, 0, 0, SYN_AHEAD)
     else:
         mid = tl.maximum(h - 1, PAD)
         for r in range(0, PAD):
             acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
-                                 CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, False, 0, 0)
+                                 CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, False, 0, 0, SYN_AHEAD)
         for r in range(PAD, mid):
             acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
                                  t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
-                                 HAS_ACC2, False, False, 0, 0)
+                                 HAS_ACC2, False, False, 0, 0, SYN_AHEAD)
         for r in range(mid, h):
             acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
-                                 CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, False, 0, 0)
+                                 CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, False, 0, 0, SYN_AHEAD)
         for r in range(tl.maximum(h, mid), h + PAD):
             acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
-                                 CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, True, 0, 0)
+                                 CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, True, 0, 0, SYN_AHEAD)
 
 
 @triton.jit
@@ -271,17 +274,24 @@ def _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb
               CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.constexpr, HAS_ACC: tl.constexpr,
               HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr,
               HAS_ACC2: tl.constexpr, EDGE: tl.constexpr, PADROW: tl.constexpr, SKIP_LO: tl.constexpr,
-              SKIP_HI: tl.constexpr):
+              SKIP_HI: tl.constexpr, SYN_AHEAD: tl.constexpr):
     """Input row r of _conv_kernel: the next row's load, the row's multiply-adds into the K x BW rolling
     accumulators, and output row r - PAD's store. EDGE: the next row may not exist and the output row may not
     either (rows 0 .. PAD-1 and the last PAD + 1); else neither is tested. PADROW: row r is padding below the map
     (no load, no multiply-adds: the store and the rotation only). SKIP_LO / SKIP_HI: no multiply-adds into the
-    first / last that many accumulator rows (outputs above / below the map)."""
+    first / last that many accumulator rows (outputs above / below the map). SYN_AHEAD (with SYN1): ``nxt`` also
+    carries level 1's values under output row r - PAD (loaded a row ahead), and this row loads those of the next."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
     cur = nxt
     r1 = r + 1
     p = xb + r1 * rs
+    o = r - PAD
+    syn = ()
+    if SYN1 and SYN_AHEAD:
+        NS: tl.constexpr = (BW // 2) * (5 if HAS_ACC2 else 4)
+        for i in tl.static_range(NI, NI + NS):
+            syn = syn + (cur[i],)
     if not PADROW:
         nxt = ()
         for i in tl.static_range(NI):
@@ -289,6 +299,8 @@ def _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb
                 nxt = nxt + (tl.load(p + (i - PAD) * CC, mask=inm[i] & (r1 < h), other=0.0),)
             else:
                 nxt = nxt + (tl.load(p + (i - PAD) * CC, mask=inm[i], other=0.0),)
+        if SYN1 and SYN_AHEAD:
+            nxt = nxt + _syn1_loads(t1p, a2p, o + 1, h, rs1, n0, w, cmask, CC, BW, HAS_ACC2, EDGE)
         for i in tl.static_range(NI):
             v = cur[i].to(COMPUTE)
             new = ()
@@ -303,18 +315,22 @@ def _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb
                     else:
                         new = new + (acc[j * BW + q],)
             acc = new
-    o = r - PAD
+    elif SYN1 and SYN_AHEAD:  # (a padding row: the row values stay as they are, unused)
+        nxt = ()
+        for i in tl.static_range(NI):
+            nxt = nxt + (cur[i],)
+        nxt = nxt + _syn1_loads(t1p, a2p, o + 1, h, rs1, n0, w, cmask, CC, BW, HAS_ACC2, EDGE)
     if EDGE:
         if (o >= 0) & (o % STRIDE == 0):
-            _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask,
-                        CC, BW, STRIDE, HAS_ACC, HAS_BIAS, COMPUTE, SYN1, HAS_ACC2)
+            _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask, syn,
+                        CC, BW, STRIDE, HAS_ACC, HAS_BIAS, COMPUTE, SYN1, HAS_ACC2, SYN_AHEAD)
     elif STRIDE > 1:
         if o % STRIDE == 0:
-            _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask,
-                        CC, BW, STRIDE, HAS_ACC, HAS_BIAS, COMPUTE, SYN1, HAS_ACC2)
+            _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask, syn,
+                        CC, BW, STRIDE, HAS_ACC, HAS_BIAS, COMPUTE, SYN1, HAS_ACC2, SYN_AHEAD)
     else:
-        _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask,
-                    CC, BW, STRIDE, HAS_ACC, HAS_BIAS, COMPUTE, SYN1, HAS_ACC2)
+        _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask, syn,
+                    CC, BW, STRIDE, HAS_ACC, HAS_BIAS, COMPUTE, SYN1, HAS_ACC2, SYN_AHEAD)
     new = ()
     for s in tl.static_range(BW, K * BW):
         new = new + (acc[s],)
@@ -324,18 +340,21 @@ def _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb
 
 
 @triton.jit
-def _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask,
+def _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask, syn_raw,
                 CC: tl.constexpr, BW: tl.constexpr, STRIDE: tl.constexpr, HAS_ACC: tl.constexpr,
-                HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr, HAS_ACC2: tl.constexpr):
+                HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr, HAS_ACC2: tl.constexpr,
+                SYN_AHEAD: tl.constexpr):
     """Output row o of _conv_kernel (the first BW accumulators), with the bias and acc_1 (read, or synthesised
-    from level 1's subbands: SYN1) added."""
+    from level 1's subbands: SYN1) added; ``syn_raw``: those values as _syn1_loads gave them (loaded a row ahead),
+    or () to load them here."""
     yo = yb + (o // STRIDE) * ors
     if SYN1:
-        r1_ = (o // 2) * rs1
+        if not SYN_AHEAD:
+            syn_raw = _syn1_loads(t1p, a2p, o, 0, rs1, n0, w, cmask, CC, BW, HAS_ACC2, False)
+        NV: tl.constexpr = 5 if HAS_ACC2 else 4
         syn = ()
         for pq in tl.static_range(BW // 2):  # one block's subbands serve both its columns
-            left, right = _haar_pair_at(t1p + 4 * (r1_ + pq * CC), a2p + r1_ + pq * CC, o,
-                                        cmask & (n0 + 2 * pq < w), CC, HAS_ACC2, COMPUTE)
+            left, right = _haar_pair(syn_raw, pq * NV, o, HAS_ACC2, COMPUTE)
             syn = syn + (left, right)
     for q in tl.static_range(BW):
         out = acc[q]
@@ -350,17 +369,37 @@ def _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask
 
 
 @triton.jit
-def _haar_pair_at(tp, a2p, o, m, CC: tl.constexpr, HAS_ACC2: tl.constexpr, COMPUTE: tl.constexpr):
+def _syn1_loads(t1p, a2p, o, h, rs1, n0, w, cmask, CC: tl.constexpr, BW: tl.constexpr, HAS_ACC2: tl.constexpr,
+                EDGE: tl.constexpr):
+    """The raw values (input dtype) of level 1's filtered subbands (4, CC) (+ acc_2 on their low-pass) under
+    full-resolution row ``o`` of the BW // 2 2 x 2 blocks from column n0; EDGE: row o may lie outside 0 .. h - 1
+    (then they load as zeros)."""
+    r1_ = (o // 2) * rs1
+    vals = ()
+    for pq in tl.static_range(BW // 2):
+        m = cmask & (n0 + 2 * pq < w)
+        if EDGE:
+            m = m & (o >= 0) & (o < h)
+        tp = t1p + 4 * (r1_ + pq * CC)
+        for s in tl.static_range(4):
+            vals = vals + (tl.load(tp + s * CC, mask=m, other=0.0),)
+        if HAS_ACC2:
+            vals = vals + (tl.load(a2p + r1_ + pq * CC, mask=m, other=0.0),)
+    return vals
+
+
+@triton.jit
+def _haar_pair(vals, i: tl.constexpr, o, HAS_ACC2: tl.constexpr, COMPUTE: tl.constexpr):
     """acc_1 at full-resolution row ``o`` in the two columns of one 2 x 2 block (left, right), in COMPUTE: the
-    inverse Haar step of level 1's filtered subbands at ``tp`` (the block's (4, CC) values; + acc_2 at ``a2p`` on
-    the low-pass), as _synthesis_level computes it, picked by the row's parity."""
-    t0 = tl.load(tp, mask=m, other=0.0).to(COMPUTE)
-    t1 = tl.load(tp + CC, mask=m, other=0.0).to(COMPUTE)
-    t2 = tl.load(tp + 2 * CC, mask=m, other=0.0).to(COMPUTE)
-    t3 = tl.load(tp + 3 * CC, mask=m, other=0.0).to(COMPUTE)
+    inverse Haar step of level 1's filtered subbands ``vals[i:i + 4]`` (+ acc_2, ``vals[i + 4]``, on the low-pass),
+    as _synthesis_level computes it, picked by the row's parity."""
+    t0 = vals[i].to(COMPUTE)
+    t1 = vals[i + 1].to(COMPUTE)
+    t2 = vals[i + 2].to(COMPUTE)
+    t3 = vals[i + 3].to(COMPUTE)
     if HAS_ACC2:
         # t carries the synthesis 1/2 (folded into the weights); the coarser levels' sum needs it too.
-        t0 += 0.5 * tl.load(a2p, mask=m, other=0.0).to(COMPUTE)
+        t0 += 0.5 * vals[i + 4].to(COMPUTE)
     if o % 2 == 0:  # top row of the 2 x 2 block
         ab = t0 + t1
         cd = t2 + t3
@@ -915,6 +954,13 @@ TUNING: dict[str, int] = {
     # (session 40, no device time left): about the same shares of their multiply-adds, for a longer compile (the
     # pair kernel's sm_90 compile on the 2-core CPU machine: 92 s against 56 s).
     "wgrad_edge": 0,
+    # syn1_ahead = 1: the base convolution's level-1 values (filtered subbands, acc_2) for the next output row are
+    # loaded a row ahead, beside the input row, instead of just before the store that needs them. conv_base_bc:
+    # channels per program of the base convolution (0: conv_bc's rule, which gives C = 96 blocks of 32, one channel
+    # per thread). Session 41's leads from ncu (session 40, H100, 56 x 56 bf16): the base convolution issued on
+    # 36 % of cycles against the level convolutions' 60 %, at 2.4 against 1.6 instructions per FMA (sm_90 SASS:
+    # its row loop has 18 loads for 102 FMAs, 10 of them level 1's, consumed as soon as loaded). Off until measured.
+    "syn1_ahead": 0, "conv_base_bc": 0,
     # Maps of at most small_max rows and columns run a whole pass in one launch (small_kernels.py): a program per
     # image and small_bc channels, small_warps warps, strips of small_bw columns, small_chunk positions per
     # analysis / synthesis step. 0: never. H200, bf16, B=128 (results/h200/summary.md, session 18): forward /
@@ -933,9 +979,9 @@ TUNING: dict[str, int] = {
     # against 0.052 / 0.029 / 0.019 / 0.020 at 56 / 28 / 14 / 7 (32 left 3 x 21 programs at 56 x 56, latency-bound).
     "pgrad_bc": 8,
 }
-_FLAG_KEYS = ("syn1", "wgrad_unroll", "wgrad_pair", "edge_taps", "wgrad_edge")  # 0 or 1, not sizes
-_ZERO_KEYS = ("small_max", "chunk_kb")  # 0 turns the path off
-_POW2_KEYS = ("conv_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc")
+_FLAG_KEYS = ("syn1", "wgrad_unroll", "wgrad_pair", "edge_taps", "wgrad_edge", "syn1_ahead")  # 0 or 1, not sizes
+_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc")  # 0 turns the path off (conv_base_bc: the default rule)
+_POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc")
 
 def _tuning_from_env() -> None:
     path = os.environ.get("WTCONVNEXT_TUNING")
@@ -1405,7 +1451,7 @@ def _small_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor]
         TUNING["small_warps"], C=ch, K=k, LEVELS=levels, HM=_pow2(h), WM=_pow2(w), BW=TUNING["small_bw"], BC=bc,
         CHUNK=TUNING["small_chunk"], STRIDE=stride, HAS_BIAS=base_b is not None, FLIP=flip,
         HAS_COEF=given, COMPUTE=_compute_dtype(x.dtype),
-        SYN1=int(_syn1(TUNING["small_bw"])), EDGE_TAPS=TUNING["edge_taps"],
+        SYN1=int(_syn1(TUNING["small_bw"])), EDGE_TAPS=TUNING["edge_taps"], SYN_AHEAD=TUNING["syn1_ahead"],
     )
 
 
@@ -1416,13 +1462,14 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
     ``syn1``: ``acc`` is level 1's filtered subbands and ``acc2`` (from element ``acc2_off``, when given) acc_2,
     synthesised into the base convolution's output (with an even strip width)."""
     bw = TUNING["conv_bw"]
-    bc = _block_c(cc, TUNING["conv_bc"])
+    bc = (levels == 0 and TUNING["conv_base_bc"]) or _block_c(cc, TUNING["conv_bc"])
     programs = _level_programs(h, w, levels, bw, bsz) if levels else bsz * _cdiv(w, bw)
     _launch(
         _conv_kernel, (programs, _cdiv(cc, bc)),
         (x, acc, x if acc2 is None else acc2, y, wts, bias, acc2_off, h, w, bsz), TUNING["conv_warps"],
         CC=cc, K=k, LEVELS=levels, BW=bw, BC=bc, STRIDE=stride, HAS_ACC=has_acc, HAS_BIAS=has_bias, FLIP=flip,
         COMPUTE=_compute_dtype(x.dtype), SYN1=syn1, HAS_ACC2=acc2 is not None, EDGE_TAPS=TUNING["edge_taps"],
+        SYN_AHEAD=TUNING["syn1_ahead"] if syn1 else 0,
     )
 
 
