@@ -956,11 +956,14 @@ TUNING: dict[str, int] = {
     "wgrad_edge": 0,
     # syn1_ahead = 1: the base convolution's level-1 values (filtered subbands, acc_2) for the next output row are
     # loaded a row ahead, beside the input row, instead of just before the store that needs them. conv_base_bc:
-    # channels per program of the base convolution (0: conv_bc's rule, which gives C = 96 blocks of 32, one channel
-    # per thread). Session 41's leads from ncu (session 40, H100, 56 x 56 bf16): the base convolution issued on
-    # 36 % of cycles against the level convolutions' 60 %, at 2.4 against 1.6 instructions per FMA (sm_90 SASS:
-    # its row loop has 18 loads for 102 FMAs, 10 of them level 1's, consumed as soon as loaded). Off until measured.
-    "syn1_ahead": 0, "conv_base_bc": 0,
+    # channels per program of the base convolution (0: conv_bc's rule, which takes blocks of 32 for C = 96, one
+    # channel per thread; 64: two per thread, a third of the second block's lanes idle). ncu (session 40, H100,
+    # 56 x 56 bf16) had the base convolution issuing on 36 % of cycles against the level convolutions' 60 %, at 2.4
+    # against 1.6 instructions per FMA (sm_90 SASS: its row loop has 18 loads for 102 FMAs, 10 of them level 1's,
+    # used as soon as loaded). H100, bf16, B=128, fwd + bwd wall time, one process (bench_layer.py --variants,
+    # session 41): 56 x 56 1.330 ms, 1.337 with syn1_ahead, 1.380 with conv_base_bc 64, 1.309 with both (forward
+    # 0.446 -> 0.418); 28 x 28 (C = 192 takes 64 either way) 0.632 -> 0.618 (forward 0.210 -> 0.199).
+    "syn1_ahead": 1, "conv_base_bc": 64,
     # Maps of at most small_max rows and columns run a whole pass in one launch (small_kernels.py): a program per
     # image and small_bc channels, small_warps warps, strips of small_bw columns, small_chunk positions per
     # analysis / synthesis step. 0: never. H200, bf16, B=128 (results/h200/summary.md, session 18): forward /
