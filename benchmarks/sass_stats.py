@@ -54,7 +54,7 @@ def _case(name: str, ch: int, dtype: str):
                    W=i32, B=i32)
         const = dict(C=ch, K=5, LEVELS=3, HM=16, WM=16, BW=tun["small_bw"], BC=tk._block_c(ch, tun["small_bc"]),
                      CHUNK=tun["small_chunk"], STRIDE=1, HAS_BIAS=not dx, FLIP=dx, HAS_COEF=dx, COMPUTE=fp,
-                     SYN1=int(tk._syn1(tun["small_bw"])), EDGE_TAPS=tun["edge_taps"], SYN_AHEAD=tun["syn1_ahead"])
+                     SYN1=int(tk._syn1(tun["small_bw"])), SYN_AHEAD=tun["syn1_ahead"])
         return sk._small_kernel, sig, const, tun["small_warps"]
     if name.startswith(("conv", "dx")):
         sig = dict(x_ptr=x, acc_ptr=x, acc2_ptr=x, y_ptr=x, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32, W=i32, B=i32)
@@ -62,19 +62,17 @@ def _case(name: str, ch: int, dtype: str):
         bc = (not levels and tun["conv_base_bc"]) or tk._block_c(cc, tun["conv_bc"])
         const = dict(CC=cc, K=5, LEVELS=levels, BW=tun["conv_bw"], BC=bc, STRIDE=1,
                      HAS_ACC=not levels, HAS_BIAS=name.startswith("conv_base"), FLIP=name.startswith("dx"), COMPUTE=fp,
-                     SYN1=syn1, HAS_ACC2=syn1, EDGE_TAPS=tun["edge_taps"], SYN_AHEAD=tun["syn1_ahead"] if syn1 else 0)
+                     SYN1=syn1, HAS_ACC2=syn1, SYN_AHEAD=tun["syn1_ahead"] if syn1 else 0)
         return tk._conv_kernel, sig, const, tun["conv_warps"]
     if name == "wgrad_pair":  # the default backward's one weight-gradient launch: base and every level
         sig = dict(x_ptr=x, g_ptr=x, bpart_ptr=f32, cx_ptr=x, cg_ptr=x, lpart_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32,
                    G0=i32, GT=i32, R0=i32)
         const = dict(C=ch, K=5, TP=32, LEVELS=4, BW=tun["wgrad_bw"], BC0=tk._block_c(ch, tun["wgrad_bc"]),
-                     BC=tk._block_c(4 * ch, tun["wgrad_bc"]), COMPUTE=fp, UNROLL=bool(tun["wgrad_unroll"]),
-                     WEDGE=bool(tun["wgrad_edge"]))
+                     BC=tk._block_c(4 * ch, tun["wgrad_bc"]), COMPUTE=fp, UNROLL=bool(tun["wgrad_unroll"]))
         return tk._wgrad_pair_kernel, sig, const, tun["wgrad_warps"]
     sig = dict(x_ptr=x, g_ptr=x, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     const = dict(CC=cc, K=5, TP=32, LEVELS=levels, BW=tun["wgrad_bw"], BC=tk._block_c(cc, tun["wgrad_bc"]),
-                 DSUM=not levels, COMPUTE=fp, UNROLL=name.endswith("unroll"),
-                 WEDGE=bool(tun["wgrad_edge"]))
+                 DSUM=not levels, COMPUTE=fp, UNROLL=name.endswith("unroll"))
     return tk._wgrad_kernel, sig, const, tun["wgrad_warps"]
 
 

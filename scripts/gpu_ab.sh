@@ -2,7 +2,7 @@
 # The kernels' GPU checks, A/Bs and benchmarks (issue 14 on), step by step in device calls of at most 10 minutes.
 #   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [layer] [profile] [compiled] [pmodel]
 #                          [graphs] [host] [launch] [pair] [pgrad] [eager] [warm] [parity] [patch] [cmodel]
-#                          [sizes] [dense] [trainbench] [cold] [edge]
+#                          [sizes] [dense] [trainbench] [cold]
 # TCACHE=DIR: Triton's compiled kernels and Inductor's cache are unpacked from DIR first and packed into OUTDIR last
 # (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles. The parts (binaries only,
 # 15 MiB each) must come back as files of their own: with $OUT set (the device machine) they are copied there, beside
@@ -130,18 +130,6 @@ if [[ "$what" == *pgrad* ]]; then
     step 90 "profile_${t:-default}.txt" "$py" benchmarks/profile_layer.py --shapes 0 1 2 3 --dtypes bf16 --cl \
       ${t:+--tuning ${t//,/ }}
   done
-fi
-# TUNING edge_taps and wgrad_edge (built in session 40 without device time left, off until measured): CUDA time
-# per kernel at every stage shape without and with each, then the layer rows side by side. Warm them first
-# ("warm" with WARM_VARIANTS="edge_taps=1 wgrad_edge=1 edge_taps=1,wgrad_edge=1").
-if [[ "$what" == *edge* ]]; then
-  for t in "" edge_taps=1 wgrad_edge=1 edge_taps=1,wgrad_edge=1; do
-    step 90 "profile_edge_${t:-default}.txt" "$py" benchmarks/profile_layer.py --shapes 0 1 2 3 --dtypes bf16 --cl \
-      ${t:+--tuning ${t//,/ }}
-  done
-  step 240 layer_edge.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 \
-    --variants edge_taps=1,wgrad_edge=1 --impls wtconv_triton_cl dw7_cl wtconv_triton_cl+edge_taps=1,wgrad_edge=1 \
-    --out "$out/layer_edge.json"
 fi
 # Does a compiled layer give eager's results, on each op path, compile mode and dtype (compiled_parity.py: about 3
 # minutes for 8 cases)? PARITY_ARGS: e.g. "--paths traced" (the default path's 6 cases only).

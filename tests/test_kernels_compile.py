@@ -31,33 +31,27 @@ def _cases():
     conv = dict(x_ptr=bf16, acc_ptr=bf16, acc2_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32, W=i32,
                 B=i32)
     no_syn = dict(SYN1=False, HAS_ACC2=False)
-    # (EDGE_TAPS, TUNING edge_taps: the first and last rows unrolled one by one, a runtime test around each.)
-    for edge in (0, 1):
-        yield tk._conv_kernel, conv, dict(CC=384, K=5, LEVELS=5, BW=4, BC=32, STRIDE=1, HAS_ACC=False,
-                                          HAS_BIAS=False, FLIP=True, COMPUTE=fp, **no_syn, EDGE_TAPS=edge, SYN_AHEAD=0)
-    for k, stride, edge in ((5, 1, 0), (3, 2, 1), (7, 1, 0), (7, 2, 1)):
+    yield tk._conv_kernel, conv, dict(CC=384, K=5, LEVELS=5, BW=4, BC=32, STRIDE=1, HAS_ACC=False, HAS_BIAS=False,
+                                      FLIP=True, COMPUTE=fp, **no_syn, SYN_AHEAD=0)
+    for k, stride in ((5, 1), (3, 2), (7, 1), (7, 2)):
         yield tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=4, BC=32, STRIDE=stride, HAS_ACC=True,
-                                          HAS_BIAS=True, FLIP=False, COMPUTE=fp, **no_syn, EDGE_TAPS=edge, SYN_AHEAD=0)
+                                          HAS_BIAS=True, FLIP=False, COMPUTE=fp, **no_syn, SYN_AHEAD=0)
     # The base convolution synthesising level 1 itself (SYN_AHEAD, TUNING syn1_ahead: its values a row ahead).
     for acc2, stride, ahead in ((True, 1, 0), (False, 2, 1), (True, 1, 1)):
         yield tk._conv_kernel, conv, dict(CC=96, K=5, LEVELS=0, BW=4, BC=64 if ahead and acc2 else 32, STRIDE=stride,
                                           HAS_ACC=True, HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=True,
-                                          HAS_ACC2=acc2, EDGE_TAPS=int(acc2), SYN_AHEAD=ahead)
+                                          HAS_ACC2=acc2, SYN_AHEAD=ahead)
     wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     # The unrolled row walks (a minute each to compile) once, in the pair kernel below: it runs the same noinline
     # _wgrad_program as _wgrad_kernel, for the base and for the levels.
-    # (WEDGE, TUNING wgrad_edge: the first and last x rows unrolled one by one, a runtime test around each.)
-    yield tk._wgrad_kernel, wg, dict(CC=96, K=5, TP=32, LEVELS=0, BW=7, BC=32, DSUM=True, COMPUTE=fp, UNROLL=False,
-                                     WEDGE=False)
+    yield tk._wgrad_kernel, wg, dict(CC=96, K=5, TP=32, LEVELS=0, BW=7, BC=32, DSUM=True, COMPUTE=fp, UNROLL=False)
     yield tk._wgrad_kernel, wg, dict(CC=384, K=5, TP=32, LEVELS=4, BW=7, BC=64, DSUM=False, COMPUTE=fp,
-                                     UNROLL=False, WEDGE=True)
+                                     UNROLL=False)
     # (K = 7 unrolled compiles for 160 s here; the loop-carry check takes K = 5 as far as the IR.)
-    yield tk._wgrad_kernel, wg, dict(CC=96, K=3, TP=16, LEVELS=0, BW=7, BC=32, DSUM=True, COMPUTE=fp, UNROLL=True,
-                                     WEDGE=True)
+    yield tk._wgrad_kernel, wg, dict(CC=96, K=3, TP=16, LEVELS=0, BW=7, BC=32, DSUM=True, COMPUTE=fp, UNROLL=True)
     pair = dict(x_ptr=bf16, g_ptr=bf16, bpart_ptr=f32, cx_ptr=bf16, cg_ptr=bf16, lpart_ptr=f32, H=i32, W=i32, B=i32,
                 IMGS=i32, G0=i32, GT=i32, R0=i32)
-    yield tk._wgrad_pair_kernel, pair, dict(C=96, K=5, TP=32, LEVELS=5, BW=7, BC0=32, BC=64, COMPUTE=fp, UNROLL=True,
-                                            WEDGE=False)
+    yield tk._wgrad_pair_kernel, pair, dict(C=96, K=5, TP=32, LEVELS=5, BW=7, BC0=32, BC=64, COMPUTE=fp, UNROLL=True)
     # Triton specialises an int argument equal to 1 as a constant: every kernel must compile with them all 1.
     one = dict(H0=1, W0=1, B=1, PATCHES_W=1, PATCHES=1)
     yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16, src2_ptr=bf16, coef2_ptr=bf16, src_off=i32,
@@ -68,11 +62,10 @@ def _cases():
     for levels in (0, 2):
         yield tk._conv_kernel, dict(x_ptr=bf16, acc_ptr=bf16, acc2_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32), \
             dict(acc2_off=1, H=1, W=1, B=1, CC=96, K=5, LEVELS=levels, BW=4, BC=32, STRIDE=1, HAS_ACC=True,
-                 HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=levels == 0, HAS_ACC2=levels == 0, EDGE_TAPS=1,
-                 SYN_AHEAD=1)
+                 HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=levels == 0, HAS_ACC2=levels == 0, SYN_AHEAD=1)
         yield tk._wgrad_kernel, dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32), \
             dict(H=1, W=1, B=1, IMGS=1, G0=1, GT=1, CC=96, K=5, TP=32, LEVELS=levels, BW=7, BC=32, DSUM=True,
-                 COMPUTE=fp, UNROLL=levels == 0, WEDGE=True)
+                 COMPUTE=fp, UNROLL=levels == 0)
     params = dict(w_ptr=f32, b_ptr=f32, bs_ptr=f32, ww_ptr=f32, ws_ptr=f32)
     grads = dict(dw_ptr=f32, db_ptr=f32, dbs_ptr=f32, dww_ptr=f32, dws_ptr=f32)
     ints = dict(R0=i32, H=i32, W=i32, B=i32, IMGS=i32)
@@ -99,17 +92,16 @@ def _small_cases():
     bf16, f32, i32 = "*bf16", "*fp32", "i32"
     ptrs = dict(x_ptr=bf16, coef_ptr=bf16, filt_ptr=bf16, y_ptr=bf16, bw_ptr=f32, bb_ptr=f32,
                 lw_ptr=f32)
-    for k, levels, hm, stride, fwd, edge in ((5, 3, 16, 1, True, 0), (5, 2, 8, 1, False, 0), (3, 4, 16, 2, True, 0),
-                                             (7, 1, 4, 1, True, 0), (5, 0, 8, 1, True, 0), (5, 3, 16, 1, True, 1),
-                                             (7, 2, 8, 1, False, 1)):
+    for k, levels, hm, stride, fwd, ahead in ((5, 3, 16, 1, True, 0), (5, 2, 8, 1, False, 0), (3, 4, 16, 2, True, 0),
+                                              (7, 1, 4, 1, True, 0), (5, 0, 8, 1, True, 0), (5, 3, 16, 1, True, 1),
+                                              (7, 2, 8, 1, False, 0)):
         yield sk._small_kernel, dict(**ptrs, H=i32, W=i32, B=i32), dict(
             C=384, K=k, LEVELS=levels, HM=hm, WM=hm, BW=4, BC=32, CHUNK=16, STRIDE=stride, HAS_BIAS=fwd,
-            FLIP=not fwd, HAS_COEF=not fwd, COMPUTE=tl.float32, SYN1=int(levels != 4), EDGE_TAPS=edge,
-            SYN_AHEAD=int(fwd and edge))
-    for edge in (0, 1):
+            FLIP=not fwd, HAS_COEF=not fwd, COMPUTE=tl.float32, SYN1=int(levels != 4), SYN_AHEAD=ahead)
+    for ahead in (0, 1):
         yield sk._small_kernel, dict(**ptrs), dict(H=1, W=1, B=1, C=96, K=5, LEVELS=2, HM=1, WM=1, BW=4, BC=32,
                                                    CHUNK=16, STRIDE=1, HAS_BIAS=True, FLIP=False, HAS_COEF=False,
-                                                   COMPUTE=tl.float32, SYN1=1, EDGE_TAPS=edge, SYN_AHEAD=edge)
+                                                   COMPUTE=tl.float32, SYN1=1, SYN_AHEAD=ahead)
 
 
 def _compile_all() -> int:
@@ -145,26 +137,24 @@ def _loop_carries() -> int:
                 W=i32, B=i32)
     wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     failed = 0
-    # The edge-row walks (EDGE_TAPS, WEDGE) ride on the unrolled and dy-sum cases: they carry the same values.
-    # (The syn1_ahead cases: HAS_ACC2 with them.)
+    # (The syn1_ahead cases: HAS_ACC2 with the unrolled ones.)
     for k, bw, unroll in ((5, 4, False), (5, 4, True), (3, 6, True)):
         ni = bw + k - 1
         cases = [
             (tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=bw, BC=32, STRIDE=1, HAS_ACC=True, HAS_BIAS=True,
-                                         FLIP=False, COMPUTE=tl.float32, SYN1=False, HAS_ACC2=False,
-                                         EDGE_TAPS=int(unroll), SYN_AHEAD=0),
+                                         FLIP=False, COMPUTE=tl.float32, SYN1=False, HAS_ACC2=False, SYN_AHEAD=0),
              {(k - 1) * bw + ni, (k - 1) * bw}),
         ]
         # SYN_AHEAD: level 1's values for the next output row ride along (ns of them), in the padding rows too.
         ns = bw // 2 * (5 if unroll else 4)
         cases.append((tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=bw, BC=32, STRIDE=1, HAS_ACC=True,
                                                   HAS_BIAS=True, FLIP=False, COMPUTE=tl.float32, SYN1=True,
-                                                  HAS_ACC2=unroll, EDGE_TAPS=int(unroll), SYN_AHEAD=1),
+                                                  HAS_ACC2=unroll, SYN_AHEAD=1),
                       {(k - 1) * bw + ni + ns, (k - 1) * bw + ns}))
         for dsum in (False, True):
             sums = k * k + dsum
             cases.append((tk._wgrad_kernel, wg, dict(CC=384, K=k, TP=32, LEVELS=4, BW=bw + 3, BC=64, DSUM=dsum,
-                                                     COMPUTE=tl.float32, UNROLL=unroll, WEDGE=dsum),
+                                                     COMPUTE=tl.float32, UNROLL=unroll),
                           {sums, sums + k * (bw + 3) + (bw + 3 + k - 1)}))
         for fn, sig, const, want in cases:
             ttir = ttir_sm90(fn, sig, const, 1)  # the IR the check reads, without the minutes of later stages

@@ -365,15 +365,13 @@ def test_launch_shapes_do_not_change_results(tuning, monkeypatch):
         assert _max_rel(o, r) <= 1e-10, name
 
 
-@pytest.mark.parametrize("flag", ["edge_taps", "wgrad_edge", "syn1_ahead"])
 @pytest.mark.parametrize("small_max", [0, 16], ids=["multi-launch", "one-launch"])
-def test_edge_rows_change_no_bit(flag, small_max, monkeypatch):
-    """TUNING edge_taps / wgrad_edge (the convolutions' / weight gradients' first and last rows skip the
-    multiply-adds into accumulator rows outside the map / with dy rows outside it) and syn1_ahead (the base
-    convolution's level-1 values loaded a row ahead, so the first and last rows' loads are masked by row) give
-    bitwise the ordinary walks' output and gradients, and the reference's: K = 7 on a map whose levels have 5, 3 and 2 rows (fewer than
-    K // 2) and 3, 2 and 1 columns, strided on the multi-launch path, in fp32 (the kernels' own arithmetic, no
-    float64 headroom to hide a changed sum)."""
+def test_syn1_ahead_changes_no_bit(small_max, monkeypatch):
+    """TUNING syn1_ahead (the base convolution's level-1 values loaded a row ahead, so the first and last rows'
+    loads are masked by row) gives bitwise the same output and gradients as loading them just before the store,
+    and the reference's: K = 7 on a map whose levels have 5, 3 and 2 rows (fewer than K // 2) and 3, 2 and 1
+    columns, strided on the multi-launch path, in fp32 (the kernels' own arithmetic, no float64 headroom to hide a
+    changed sum)."""
     from wtconvnext.ops import triton_kernels as tk
 
     b, c, h, w, k, levels = 1, 3, 9, 5, 7, 3
@@ -382,7 +380,7 @@ def test_edge_rows_change_no_bit(flag, small_max, monkeypatch):
     x = torch.randn(b, c, h, w, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     got = {}
     for on in (0, 1):
-        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max, flag: on})
+        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max, "syn1_ahead": on})
         got[on], dy = _run(x, params, stride, "triton")  # (the same dy: a fixed seed)
     for name, a, e in zip(NAMES, got[0], got[1]):
         assert torch.equal(a, e), name

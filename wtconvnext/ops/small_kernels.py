@@ -85,7 +85,7 @@ def _image_analysis(src_ptr, coef_ptr, H, W, B, b, cb, C: tl.constexpr, LEVELS: 
 @triton.jit(noinline=True)
 def _image_level_convs(coef_ptr, filt_ptr, lw_ptr, H, W, B, b, cb, C: tl.constexpr, K: tl.constexpr,
                        LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, FLIP: tl.constexpr,
-                       COMPUTE: tl.constexpr, EDGE_TAPS: tl.constexpr):
+                       COMPUTE: tl.constexpr):
     """Every level's depthwise convolutions of image b, channel block cb: subband by subband, strip by strip (one
     code copy: a loop), from the coefficients in ``coef_ptr`` into the filtered subbands at ``filt_ptr``."""
     c1 = cb * BC + tl.arange(0, BC)
@@ -105,7 +105,7 @@ def _image_level_convs(coef_ptr, filt_ptr, lw_ptr, H, W, B, b, cb, C: tl.constex
             for n0 in range(0, wl, BW):
                 xb = coef_ptr + img + n0 * (4 * C) + cc
                 _conv_strip(xb, xb, filt_ptr + img + cc, rs, rs, hl, wl, n0, cm1, wts, zbias, xb, xb, rs,
-                            4 * C, K, BW, 1, False, False, FLIP, COMPUTE, False, False, EDGE_TAPS, 0)
+                            4 * C, K, BW, 1, False, False, FLIP, COMPUTE, False, False, 0)
         off += tl.cast(B * hl * wl, tl.int64) * (4 * C)
 
 
@@ -135,7 +135,7 @@ def _image_synthesis(coef_ptr, filt_ptr, H, W, B, b, cb, C: tl.constexpr, LEVELS
 def _image_base_conv(x_ptr, coef_ptr, filt_ptr, y_ptr, bw_ptr, bb_ptr, H, W, B, b, cb, C: tl.constexpr,
                      K: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
                      STRIDE: tl.constexpr, HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr,
-                     SYN1: tl.constexpr, EDGE_TAPS: tl.constexpr, SYN_AHEAD: tl.constexpr):
+                     SYN1: tl.constexpr, SYN_AHEAD: tl.constexpr):
     """The base convolution of image b, channel block cb, + bias and acc_1 (this image's block of level 1's
     region), strided; SYN1 (BW even): it does level 1's inverse Haar step itself, as the multi-launch one does."""
     c1 = cb * BC + tl.arange(0, BC)
@@ -159,7 +159,7 @@ def _image_base_conv(x_ptr, coef_ptr, filt_ptr, y_ptr, bw_ptr, bb_ptr, H, W, B, 
     for n0 in range(0, W, BW):
         _conv_strip(xb0 + n0 * C, ab0 + n0 * C, yb, rs, ors, H, W, n0, cm1, wts, bias, t1 + n0 // 2 * (4 * C),
                     a2 + n0 // 2 * C, rs1, C, K, BW, STRIDE, LEVELS > 0, HAS_BIAS, FLIP, COMPUTE,
-                    SYN1 and LEVELS > 0, SYN1 and LEVELS > 1, EDGE_TAPS, SYN_AHEAD)
+                    SYN1 and LEVELS > 0, SYN1 and LEVELS > 1, SYN_AHEAD)
 
 
 @triton.jit
@@ -175,7 +175,7 @@ def _small_kernel(
     C: tl.constexpr, K: tl.constexpr, LEVELS: tl.constexpr, HM: tl.constexpr, WM: tl.constexpr,
     BW: tl.constexpr, BC: tl.constexpr, CHUNK: tl.constexpr, STRIDE: tl.constexpr, HAS_BIAS: tl.constexpr,
     FLIP: tl.constexpr, HAS_COEF: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr,
-    EDGE_TAPS: tl.constexpr, SYN_AHEAD: tl.constexpr,
+    SYN_AHEAD: tl.constexpr,
 ):
     """One WTConv pass (forward, or with FLIP and no bias the input gradient) of image ``program_id(0)``,
     channels ``program_id(1) * BC ...``; HM / WM: powers of two at least H / W (the analysis and synthesis tiles)."""
@@ -185,10 +185,9 @@ def _small_kernel(
         if not HAS_COEF:
             _image_analysis(x_ptr, coef_ptr, H, W, B, b, cb, C, LEVELS, HM, WM, BC, CHUNK, COMPUTE)
             tl.debug_barrier()
-        _image_level_convs(coef_ptr, filt_ptr, lw_ptr, H, W, B, b, cb, C, K, LEVELS, BW, BC, FLIP, COMPUTE,
-                           EDGE_TAPS)
+        _image_level_convs(coef_ptr, filt_ptr, lw_ptr, H, W, B, b, cb, C, K, LEVELS, BW, BC, FLIP, COMPUTE)
         tl.debug_barrier()
         _image_synthesis(coef_ptr, filt_ptr, H, W, B, b, cb, C, LEVELS, HM, WM, BC, CHUNK, COMPUTE, SYN1)
         tl.debug_barrier()
     _image_base_conv(x_ptr, coef_ptr, filt_ptr, y_ptr, bw_ptr, bb_ptr, H, W, B, b, cb, C, K, LEVELS, BW, BC, STRIDE,
-                     HAS_BIAS, FLIP, COMPUTE, SYN1, EDGE_TAPS, SYN_AHEAD)
+                     HAS_BIAS, FLIP, COMPUTE, SYN1, SYN_AHEAD)

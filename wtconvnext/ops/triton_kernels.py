@@ -116,8 +116,7 @@ def _conv_kernel(
     acc2_off, H, W, B,
     CC: tl.constexpr, K: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
     STRIDE: tl.constexpr, HAS_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, FLIP: tl.constexpr,
-    COMPUTE: tl.constexpr, SYN1: tl.constexpr, HAS_ACC2: tl.constexpr, EDGE_TAPS: tl.constexpr,
-    SYN_AHEAD: tl.constexpr,
+    COMPUTE: tl.constexpr, SYN1: tl.constexpr, HAS_ACC2: tl.constexpr, SYN_AHEAD: tl.constexpr,
 ):
     """Depthwise K x K convolution, 'same' zero padding: of one map (LEVELS = 0), or of every level's subbands in
     one launch (LEVELS = L: the program finds its level). FLIP rotates the kernel by 180 degrees. SYN1 (with
@@ -170,7 +169,7 @@ def _conv_kernel(
         a2p = ab
         rs1 = rs
     _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
-                CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, EDGE_TAPS, SYN_AHEAD)
+                CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, SYN_AHEAD)
 
 
 @triton.jit
@@ -203,7 +202,7 @@ def _column_masks(cmask, n0, w, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.co
 def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
                 CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.constexpr, HAS_ACC: tl.constexpr,
                 HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr,
-                HAS_ACC2: tl.constexpr, EDGE_TAPS: tl.constexpr, SYN_AHEAD: tl.constexpr):
+                HAS_ACC2: tl.constexpr, SYN_AHEAD: tl.constexpr):
     """One strip of BW output columns from column n0 of an (h, w) map, walked down every row: ``xb`` / ``ab`` point
     at row 0, column n0 of the input / the added map (row stride ``rs``), ``yb`` at the output's row 0, column 0
     (row stride ``ors``); the channel vectors take the shape of ``cmask``."""
@@ -225,62 +224,35 @@ def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
     # the map only store and rotate. The padding rows above it are not walked at all: they would add w * 0 to
     # accumulators that are still zero. Both are 2 * PAD of h + 2 * PAD rows' multiply-adds, which the small
     # maps' levels felt most (at 14 x 14, levels 7 / 4 / 2 rows: 36 / 50 / 67 %; ncu, session 40).
-    if EDGE_TAPS and PAD > 0:
-        # The first and last PAD rows one by one (static), each without the multiply-adds into the accumulator
-        # rows of outputs above or below the map, which are never stored: per map 2 * (1 + ... + PAD) of
-        # K * h rows of products (at 14 / 7 / 4 rows with K = 5: 9 / 17 / 30 %; fewer than 2 * PAD rows skip only
-        # those above the map). Rows the map lacks (h < PAD) rotate only.
-        for t in tl.static_range(PAD):
-            if t < h:
-                acc, nxt = _conv_row(acc, nxt, t, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
-                                     t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
-                                     HAS_ACC2, True, False, PAD - t, 0, SYN_AHEAD)
-            else:
-                acc, nxt = _conv_row(acc, nxt, t, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
-                                     t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
-                                     HAS_ACC2, True, True, 0, 0, SYN_AHEAD)
-        for r in range(PAD, tl.maximum(h - PAD, PAD)):
-            acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
-                                 t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
-                                 HAS_ACC2, False, False, 0, 0, SYN_AHEAD)
-        for u in tl.static_range(PAD):
-            rb = h - PAD + u
-            if rb >= PAD:  # (else the first rows' walk had it)
-                acc, nxt = _conv_row(acc, nxt, rb, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
-                                     t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
-                                     HAS_ACC2, True, False, 0, u + 1, SYN_AHEAD)
-        for r in range(tl.maximum(h, PAD), h + PAD):
-            acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
-                                 CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, True, 0, 0, SYN_AHEAD)
-    else:
-        mid = tl.maximum(h - 1, PAD)
-        for r in range(0, PAD):
-            acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
-                                 CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, False, 0, 0, SYN_AHEAD)
-        for r in range(PAD, mid):
-            acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
-                                 t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
-                                 HAS_ACC2, False, False, 0, 0, SYN_AHEAD)
-        for r in range(mid, h):
-            acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
-                                 CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, False, 0, 0, SYN_AHEAD)
-        for r in range(tl.maximum(h, mid), h + PAD):
-            acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
-                                 CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, True, True, 0, 0, SYN_AHEAD)
+    mid = tl.maximum(h - 1, PAD)
+    for r in range(0, PAD):
+        acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
+                             t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
+                             HAS_ACC2, True, False, SYN_AHEAD)
+    for r in range(PAD, mid):
+        acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
+                             t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
+                             HAS_ACC2, False, False, SYN_AHEAD)
+    for r in range(mid, h):
+        acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
+                             t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
+                             HAS_ACC2, True, False, SYN_AHEAD)
+    for r in range(tl.maximum(h, mid), h + PAD):
+        acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
+                             t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
+                             HAS_ACC2, True, True, SYN_AHEAD)
 
 
 @triton.jit
 def _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors, t1p, a2p, rs1,
               CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.constexpr, HAS_ACC: tl.constexpr,
               HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr,
-              HAS_ACC2: tl.constexpr, EDGE: tl.constexpr, PADROW: tl.constexpr, SKIP_LO: tl.constexpr,
-              SKIP_HI: tl.constexpr, SYN_AHEAD: tl.constexpr):
+              HAS_ACC2: tl.constexpr, EDGE: tl.constexpr, PADROW: tl.constexpr, SYN_AHEAD: tl.constexpr):
     """Input row r of _conv_kernel: the next row's load, the row's multiply-adds into the K x BW rolling
     accumulators, and output row r - PAD's store. EDGE: the next row may not exist and the output row may not
     either (rows 0 .. PAD-1 and the last PAD + 1); else neither is tested. PADROW: row r is padding below the map
-    (no load, no multiply-adds: the store and the rotation only). SKIP_LO / SKIP_HI: no multiply-adds into the
-    first / last that many accumulator rows (outputs above / below the map). SYN_AHEAD (with SYN1): ``nxt`` also
-    carries level 1's values under output row r - PAD (loaded a row ahead), and this row loads those of the next."""
+    (no load, no multiply-adds: the store and the rotation only). SYN_AHEAD (with SYN1): ``nxt`` also carries
+    level 1's values under output row r - PAD (loaded a row ahead), and this row loads those of the next."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
     cur = nxt
@@ -306,7 +278,7 @@ def _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb
             new = ()
             for j in tl.static_range(K):  # slot j: output row r - PAD + j, reached through tap row K - 1 - j
                 for q in tl.static_range(BW):
-                    if (i - q >= 0) and (i - q < K) and (j >= SKIP_LO) and (j < K - SKIP_HI):
+                    if (i - q >= 0) and (i - q < K):
                         if FLIP:
                             wv = wts[j * K + (K - 1 - (i - q))]
                         else:
@@ -417,7 +389,7 @@ def _wgrad_kernel(
     H, W, B, IMGS,
     G0, GT,  # the image groups of this launch start at group G0 of a batch of GT groups (the partial rows' layout)
     CC: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
-    BC: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr, WEDGE: tl.constexpr,
+    BC: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """d w[ky, kx] = sum over positions of dy(o, n) * x(o + ky - PAD, n + kx - PAD): a program walks the x rows
     of IMGS images for BW columns, keeping the K dy rows an x row pairs with; of one map (LEVELS = 0), or of every
@@ -425,7 +397,7 @@ def _wgrad_kernel(
     chunk of a larger batch: each program writes the row it has in the whole batch's launch (level-major, then
     group, then strip), so the partials and their fixed-order sum do not depend on the chunking."""
     _wgrad_program(tl.program_id(0), tl.program_id(1), x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC, K, TP,
-                   LEVELS, BW, BC, DSUM, COMPUTE, UNROLL, WEDGE)
+                   LEVELS, BW, BC, DSUM, COMPUTE, UNROLL)
 
 
 @triton.jit
@@ -438,7 +410,7 @@ def _wgrad_pair_kernel(
     R0,  # programs of the base (axis 0); the levels' follow
     C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
     BC0: tl.constexpr, BC: tl.constexpr,  # channels per program of the base and of the levels
-    COMPUTE: tl.constexpr, UNROLL: tl.constexpr, WEDGE: tl.constexpr,
+    COMPUTE: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """_wgrad_kernel's two launches (the base map, every level's subbands) as one: a launch less per backward.
     Axis 1 runs over the levels' 4C / BC channel blocks; the base's programs past its C / BC0 blocks do nothing."""
@@ -449,11 +421,11 @@ def _wgrad_pair_kernel(
     if pid < R0:
         if cb < NB0:
             _wgrad_program(pid, cb, x_ptr, g_ptr, bpart_ptr, H, W, B, IMGS, G0, GT, C, K, TP, 0, BW, BC0, True,
-                           COMPUTE, UNROLL, WEDGE)
+                           COMPUTE, UNROLL)
     else:
         if cb < NB:
             _wgrad_program(pid - R0, cb, cx_ptr, cg_ptr, lpart_ptr, H, W, B, IMGS, G0, GT, 4 * C, K, TP, LEVELS,
-                           BW, BC, False, COMPUTE, UNROLL, WEDGE)
+                           BW, BC, False, COMPUTE, UNROLL)
 
 
 # noinline: the paired kernel's two walks stay separate functions, and Triton's TritonGPUCoalesce pass, quadratic
@@ -461,7 +433,7 @@ def _wgrad_pair_kernel(
 @triton.jit(noinline=True)
 def _wgrad_program(pid, cb, x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC: tl.constexpr, K: tl.constexpr,
                    TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, DSUM: tl.constexpr,
-                   COMPUTE: tl.constexpr, UNROLL: tl.constexpr, WEDGE: tl.constexpr):
+                   COMPUTE: tl.constexpr, UNROLL: tl.constexpr):
     """Program ``pid`` (of its map or maps) and channel block ``cb`` of _wgrad_kernel."""
     if LEVELS > 0:
         lv, h, w, st, off = _level_of(pid, H, W, B, IMGS, BW, LEVELS, CC)
@@ -480,13 +452,12 @@ def _wgrad_program(pid, cb, x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC: t
     row = first + G0 * strips + local
     cc = cb * BC + tl.arange(0, BC)
     _wgrad_strip(xb0, gb0, part_ptr + row.to(tl.int64) * TP * CC + cc, h, w, (local % strips) * BW,
-                 local // strips, B, IMGS, cc, cc < CC, CC, K, BW, DSUM, COMPUTE, UNROLL, WEDGE)
+                 local // strips, B, IMGS, cc, cc < CC, CC, K, BW, DSUM, COMPUTE, UNROLL)
 
 
 @triton.jit
 def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.constexpr, K: tl.constexpr,
-                 BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr,
-                 WEDGE: tl.constexpr):
+                 BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr):
     """One partial row of _wgrad_kernel: BW columns from n0 of images grp * IMGS .. of an (h, w) map whose image 0
     starts at ``xb0`` / ``gb0`` (x, dy; CC channels a pixel), into ``dst`` (the row's tap 0, at channels ``cc``)."""
     PAD: tl.constexpr = K // 2
@@ -518,40 +489,16 @@ def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.conste
         # The rows whose next x and dy rows both exist (in unrolled blocks of K with UNROLL: the K dy rows in flight
         # rotate back to where they started, so the loop carries them without register moves), then the last
         # PAD + 1 rows with the row tests.
-        if WEDGE and PAD > 0:
-            # The first and last PAD x rows one by one (static), each without its products with the dy rows
-            # outside the map (zeros): 2 * (1 + ... + PAD) of K * h rows of products per map (at 14 / 7 / 4 rows
-            # with K = 5: 9 / 17 / 30 %; fewer than 2 * PAD rows skip only those above the map).
-            for t in tl.static_range(PAD):
-                if t < h:
-                    acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, t, xb, gb, rs, h, inm, gm, bok,
-                                                        CC, K, BW, DSUM, COMPUTE, True, PAD - t, 0)
-            mid = PAD
-            if UNROLL:
-                mid = PAD + tl.maximum(h - 1 - 2 * PAD, 0) // K * K
-                for r0 in range(PAD, mid, K):
-                    for u in tl.static_range(K):
-                        acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r0 + u, xb, gb, rs, h, inm, gm,
-                                                            bok, CC, K, BW, DSUM, COMPUTE, False, 0, 0)
-            for r in range(mid, tl.maximum(h - PAD, mid)):
-                acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
-                                                    CC, K, BW, DSUM, COMPUTE, True, 0, 0)
-            for u in tl.static_range(PAD):
-                rb = h - PAD + u
-                if rb >= mid:  # (else the first rows' walk had it)
-                    acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, rb, xb, gb, rs, h, inm, gm, bok,
-                                                        CC, K, BW, DSUM, COMPUTE, True, 0, u + 1)
-        else:
-            mid = 0
-            if UNROLL:
-                mid = tl.maximum(h - 1 - PAD, 0) // K * K
-                for r0 in range(0, mid, K):
-                    for u in tl.static_range(K):
-                        acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r0 + u, xb, gb, rs, h, inm, gm,
-                                                            bok, CC, K, BW, DSUM, COMPUTE, False, 0, 0)
-            for r in range(mid, h):
-                acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
-                                                    CC, K, BW, DSUM, COMPUTE, True, 0, 0)
+        mid = 0
+        if UNROLL:
+            mid = tl.maximum(h - 1 - PAD, 0) // K * K
+            for r0 in range(0, mid, K):
+                for u in tl.static_range(K):
+                    acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r0 + u, xb, gb, rs, h, inm, gm, bok,
+                                                        CC, K, BW, DSUM, COMPUTE, False)
+        for r in range(mid, h):
+            acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
+                                                CC, K, BW, DSUM, COMPUTE, True)
     for t in tl.static_range(K * K):
         tl.store(dst + t * CC, acc[t].to(dst.dtype.element_ty), mask=cmask)
     if DSUM:
@@ -561,10 +508,9 @@ def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.conste
 @triton.jit
 def _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
                 CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr,
-                EDGE: tl.constexpr, SKIP_TOP: tl.constexpr, SKIP_BOT: tl.constexpr):
+                EDGE: tl.constexpr):
     """x row r of _wgrad_kernel: the next x and dy rows' loads, dy row r + PAD joining the K rows in flight, and
-    x row r's products with each of them. EDGE: the next rows may not exist (the last PAD + 1 rows). SKIP_TOP /
-    SKIP_BOT: no products for the last / first that many ky (dy rows above / below the map: zeros)."""
+    x row r's products with each of them. EDGE: the next rows may not exist (the last PAD + 1 rows)."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
     gc = gn
@@ -597,7 +543,7 @@ def _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
         upd = ()
         for ky in tl.static_range(K):
             for kx in tl.static_range(K):
-                if (i - kx >= 0) and (i - kx < BW) and (ky >= SKIP_BOT) and (ky < K - SKIP_TOP):
+                if (i - kx >= 0) and (i - kx < BW):
                     upd = upd + (acc[ky * K + kx] + v * dq[(K - 1 - ky) * BW + (i - kx)],)
                 else:
                     upd = upd + (acc[ky * K + kx],)
@@ -943,17 +889,6 @@ TUNING: dict[str, int] = {
     # CUDA time per fwd + bwd by the profiler (profile_layer.py --tuning, session 24, one run): 1.461 / 0.761 /
     # 0.478 / 0.316 ms against 1.516 / 0.762 / 0.485 / 0.319 at 56 / 28 / 14 / 7 (never slower, 3.6 % less at 56).
     "wgrad_pair": 1,
-    # edge_taps = 1: the convolutions' first and last K // 2 rows skip the multiply-adds into accumulator rows of
-    # outputs outside the map (never stored; bitwise the same results), at the price of those rows' code unrolled
-    # once each. Off until measured (session 40 built it with no device time left): counted, about 16 % of a
-    # 14 x 14 pass's multiply-adds (base and levels of 14 / 7 / 4 / 2 rows: 9 / 17 / 30 / 30 %), about 20 % at
-    # 7 x 7, 3 % at 56 x 56.
-    "edge_taps": 0,
-    # wgrad_edge = 1: the same for the weight gradients' first and last K // 2 x rows (no products with the dy rows
-    # outside the map, which are zeros; the same sums but for a -0 / +0 or an inf * 0 there). Off until measured
-    # (session 40, no device time left): about the same shares of their multiply-adds, for a longer compile (the
-    # pair kernel's sm_90 compile on the 2-core CPU machine: 92 s against 56 s).
-    "wgrad_edge": 0,
     # syn1_ahead = 1: the base convolution's level-1 values (filtered subbands, acc_2) for the next output row are
     # loaded a row ahead, beside the input row, instead of just before the store that needs them. conv_base_bc:
     # channels per program of the base convolution (0: conv_bc's rule, which takes blocks of 32 for C = 96, one
@@ -982,7 +917,7 @@ TUNING: dict[str, int] = {
     # against 0.052 / 0.029 / 0.019 / 0.020 at 56 / 28 / 14 / 7 (32 left 3 x 21 programs at 56 x 56, latency-bound).
     "pgrad_bc": 8,
 }
-_FLAG_KEYS = ("syn1", "wgrad_unroll", "wgrad_pair", "edge_taps", "wgrad_edge", "syn1_ahead")  # 0 or 1, not sizes
+_FLAG_KEYS = ("syn1", "wgrad_unroll", "wgrad_pair", "syn1_ahead")  # 0 or 1, not sizes
 _ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc")  # 0 turns the path off (conv_base_bc: the default rule)
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc")
 
@@ -1454,7 +1389,7 @@ def _small_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor]
         TUNING["small_warps"], C=ch, K=k, LEVELS=levels, HM=_pow2(h), WM=_pow2(w), BW=TUNING["small_bw"], BC=bc,
         CHUNK=TUNING["small_chunk"], STRIDE=stride, HAS_BIAS=base_b is not None, FLIP=flip,
         HAS_COEF=given, COMPUTE=_compute_dtype(x.dtype),
-        SYN1=int(_syn1(TUNING["small_bw"])), EDGE_TAPS=TUNING["edge_taps"], SYN_AHEAD=TUNING["syn1_ahead"],
+        SYN1=int(_syn1(TUNING["small_bw"])), SYN_AHEAD=TUNING["syn1_ahead"],
     )
 
 
@@ -1471,7 +1406,7 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
         _conv_kernel, (programs, _cdiv(cc, bc)),
         (x, acc, x if acc2 is None else acc2, y, wts, bias, acc2_off, h, w, bsz), TUNING["conv_warps"],
         CC=cc, K=k, LEVELS=levels, BW=bw, BC=bc, STRIDE=stride, HAS_ACC=has_acc, HAS_BIAS=has_bias, FLIP=flip,
-        COMPUTE=_compute_dtype(x.dtype), SYN1=syn1, HAS_ACC2=acc2 is not None, EDGE_TAPS=TUNING["edge_taps"],
+        COMPUTE=_compute_dtype(x.dtype), SYN1=syn1, HAS_ACC2=acc2 is not None,
         SYN_AHEAD=TUNING["syn1_ahead"] if syn1 else 0,
     )
 
@@ -1498,7 +1433,6 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     compute = _compute_dtype(x.dtype)
     bc = _block_c(ch, TUNING["wgrad_bc"])
     unroll = bool(TUNING["wgrad_unroll"])
-    wedge = bool(TUNING["wgrad_edge"])
     if parts is None:
         base = _plan.empty((groups * _cdiv(w, bw), tp, ch), acc, x.device)
         lev = _plan.empty((_level_programs(h, w, levels, bw, groups), tp, 4 * ch), acc,
@@ -1517,12 +1451,12 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
             _wgrad_pair_kernel,
             (r0 + _level_programs(h, w, levels, bw, _cdiv(bsz, imgs)), max(_cdiv(ch, bc), _cdiv(4 * ch, lbc))),
             (x, dy, base, coef_x, coef_dy, lev, h, w, bsz, imgs, *spans, r0), warps,
-            C=ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC0=bc, BC=lbc, COMPUTE=compute, UNROLL=unroll, WEDGE=wedge,
+            C=ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC0=bc, BC=lbc, COMPUTE=compute, UNROLL=unroll,
         )
         return base, lev
     _launch(
         _wgrad_kernel, (r0, _cdiv(ch, bc)), (x, dy, base, h, w, bsz, imgs, *spans),
-        warps, CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll, WEDGE=wedge,
+        warps, CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll,
     )
     if not levels:
         return base, base
@@ -1530,7 +1464,6 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
         _wgrad_kernel, (_level_programs(h, w, levels, bw, _cdiv(bsz, imgs)), _cdiv(4 * ch, lbc)),
         (coef_x, coef_dy, lev, h, w, bsz, imgs, *spans), warps,
         CC=4 * ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute, UNROLL=unroll,
-        WEDGE=wedge,
     )
     return base, lev
 
