@@ -37,7 +37,7 @@ def _cases():
         yield tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=4, BC=32, STRIDE=stride, HAS_ACC=True,
                                           HAS_BIAS=True, FLIP=False, COMPUTE=fp, **no_syn, SYN_AHEAD=0)
     # The base convolution synthesising level 1 itself (SYN_AHEAD, TUNING syn1_ahead: its values a row ahead).
-    for acc2, stride, ahead in ((True, 1, 0), (False, 2, 1), (True, 1, 1)):
+    for acc2, stride, ahead in ((True, 1, 0), (False, 2, 1), (True, 1, 1), (True, 2, 2)):
         yield tk._conv_kernel, conv, dict(CC=96, K=5, LEVELS=0, BW=4, BC=64 if ahead and acc2 else 32, STRIDE=stride,
                                           HAS_ACC=True, HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=True,
                                           HAS_ACC2=acc2, SYN_AHEAD=ahead)
@@ -94,7 +94,7 @@ def _small_cases():
                 lw_ptr=f32)
     for k, levels, hm, stride, fwd, ahead in ((5, 3, 16, 1, True, 0), (5, 2, 8, 1, False, 0), (3, 4, 16, 2, True, 0),
                                               (7, 1, 4, 1, True, 0), (5, 0, 8, 1, True, 0), (5, 3, 16, 1, True, 1),
-                                              (7, 2, 8, 1, False, 0)):
+                                              (7, 2, 8, 1, False, 0), (5, 2, 8, 1, True, 2)):
         yield sk._small_kernel, dict(**ptrs, H=i32, W=i32, B=i32), dict(
             C=384, K=k, LEVELS=levels, HM=hm, WM=hm, BW=4, BC=32, CHUNK=16, STRIDE=stride, HAS_BIAS=fwd,
             FLIP=not fwd, HAS_COEF=not fwd, COMPUTE=tl.float32, SYN1=int(levels != 4), SYN_AHEAD=ahead)
@@ -145,12 +145,14 @@ def _loop_carries() -> int:
                                          FLIP=False, COMPUTE=tl.float32, SYN1=False, HAS_ACC2=False, SYN_AHEAD=0),
              {(k - 1) * bw + ni, (k - 1) * bw}),
         ]
-        # SYN_AHEAD: level 1's values for the next output row ride along (ns of them), in the padding rows too.
-        ns = bw // 2 * (5 if unroll else 4)
-        cases.append((tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=bw, BC=32, STRIDE=1, HAS_ACC=True,
-                                                  HAS_BIAS=True, FLIP=False, COMPUTE=tl.float32, SYN1=True,
-                                                  HAS_ACC2=unroll, SYN_AHEAD=1),
-                      {(k - 1) * bw + ni + ns, (k - 1) * bw + ns}))
+        # SYN_AHEAD: level 1's values for the next output row ride along (ns of them), in the padding rows too:
+        # raw (1), or acc_1 itself, bw of them (2).
+        for ahead in (1, 2):
+            ns = bw if ahead == 2 else bw // 2 * (5 if unroll else 4)
+            cases.append((tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=bw, BC=32, STRIDE=1, HAS_ACC=True,
+                                                      HAS_BIAS=True, FLIP=False, COMPUTE=tl.float32, SYN1=True,
+                                                      HAS_ACC2=unroll, SYN_AHEAD=ahead),
+                          {(k - 1) * bw + ni + ns, (k - 1) * bw + ns}))
         for dsum in (False, True):
             sums = k * k + dsum
             cases.append((tk._wgrad_kernel, wg, dict(CC=384, K=k, TP=32, LEVELS=4, BW=bw + 3, BC=64, DSUM=dsum,

@@ -368,8 +368,8 @@ def test_launch_shapes_do_not_change_results(tuning, monkeypatch):
 @pytest.mark.parametrize("small_max", [0, 16], ids=["multi-launch", "one-launch"])
 def test_syn1_ahead_changes_no_bit(small_max, monkeypatch):
     """TUNING syn1_ahead (the base convolution's level-1 values loaded a row ahead, so the first and last rows'
-    loads are masked by row) gives bitwise the same output and gradients as loading them just before the store,
-    and the reference's: K = 7 on a map whose levels have 5, 3 and 2 rows (fewer than K // 2) and 3, 2 and 1
+    loads are masked by row; 1: carried raw, 2: carried as acc_1) gives bitwise the same output and gradients as
+    loading them just before the store, and the reference's: K = 7 on a map whose levels have 5, 3 and 2 rows (fewer than K // 2) and 3, 2 and 1
     columns, strided on the multi-launch path, in fp32 (the kernels' own arithmetic, no float64 headroom to hide a
     changed sum)."""
     from wtconvnext.ops import triton_kernels as tk
@@ -379,11 +379,12 @@ def test_syn1_ahead_changes_no_bit(small_max, monkeypatch):
     params = _params(c, k, levels, True, torch.float32)
     x = torch.randn(b, c, h, w, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     got = {}
-    for on in (0, 1):
-        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max, "syn1_ahead": on})
-        got[on], dy = _run(x, params, stride, "triton")  # (the same dy: a fixed seed)
-    for name, a, e in zip(NAMES, got[0], got[1]):
-        assert torch.equal(a, e), name
+    for mode in (0, 1, 2):
+        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max, "syn1_ahead": mode})
+        got[mode], dy = _run(x, params, stride, "triton")  # (the same dy: a fixed seed)
+    for mode in (1, 2):
+        for name, a, e in zip(NAMES, got[0], got[mode]):
+            assert torch.equal(a, e), (mode, name)
     ref, _ = _run(x.double(), [p.double() for p in params], stride, "reference", dy.double())
     for name, r, o in zip(NAMES, ref, got[1]):
         assert _max_rel(o, r) <= 1e-5, name
@@ -582,7 +583,8 @@ def test_tuning_file(tmp_path, monkeypatch):
     tk._tuning_from_env()
     assert tk.TUNING["conv_bw"] == 7 and tk.TUNING["wgrad_warps"] == 4
     for text, match in (("{not json", "cannot read"), ("[1, 2]", "JSON object"), ('{"fwd_tiles": 8}', "unknown keys"),
-                        ('{"conv_bc": 24}', "power of two"), ('{"wgrad_warps": 0}', "non-positive")):
+                        ('{"conv_bc": 24}', "power of two"), ('{"wgrad_warps": 0}', "out of range"),
+                        ('{"syn1_ahead": 3}', "out of range"), ('{"syn1": 2}', "out of range")):
         bad = tmp_path / "bad.json"
         bad.write_text(text)
         monkeypatch.setenv("WTCONVNEXT_TUNING", str(bad))

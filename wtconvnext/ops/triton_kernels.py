@@ -217,7 +217,8 @@ def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
     for i in tl.static_range(NI):
         nxt = nxt + (tl.load(xb + (i - PAD) * CC, mask=inm[i] & (h > 0), other=0.0),)
     if SYN1 and SYN_AHEAD:  # the first output row's level-1 values ride behind the row's (see _conv_row)
-        nxt = nxt + _syn1_loads(t1p, a2p, h * 0 - PAD, h, rs1, n0, w, cmask, CC, BW, HAS_ACC2, True)
+        nxt = nxt + _syn1_ahead(t1p, a2p, h * 0 - PAD, h, rs1, n0, w, cmask, CC, BW, HAS_ACC2, True, COMPUTE,
+                                SYN_AHEAD)
     # Input rows 0 .. h+PAD-1 in four loops: the rows in the middle, whose next row exists and which complete an
     # output row, without the row tests (in each load's mask and around the stores) that the edges need (one loop
     # testing every row ran at 0.94-0.95x in the input gradient on the H200, session 20); the padding rows below
@@ -261,7 +262,7 @@ def _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb
     o = r - PAD
     syn = ()
     if SYN1 and SYN_AHEAD:
-        NS: tl.constexpr = (BW // 2) * (5 if HAS_ACC2 else 4)
+        NS: tl.constexpr = BW if SYN_AHEAD == 2 else (BW // 2) * (5 if HAS_ACC2 else 4)
         for i in tl.static_range(NI, NI + NS):
             syn = syn + (cur[i],)
     if not PADROW:
@@ -272,7 +273,8 @@ def _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb
             else:
                 nxt = nxt + (tl.load(p + (i - PAD) * CC, mask=inm[i], other=0.0),)
         if SYN1 and SYN_AHEAD:
-            nxt = nxt + _syn1_loads(t1p, a2p, o + 1, h, rs1, n0, w, cmask, CC, BW, HAS_ACC2, EDGE)
+            nxt = nxt + _syn1_ahead(t1p, a2p, o + 1, h, rs1, n0, w, cmask, CC, BW, HAS_ACC2, EDGE, COMPUTE,
+                                    SYN_AHEAD)
         for i in tl.static_range(NI):
             v = cur[i].to(COMPUTE)
             new = ()
@@ -291,7 +293,8 @@ def _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb
         nxt = ()
         for i in tl.static_range(NI):
             nxt = nxt + (cur[i],)
-        nxt = nxt + _syn1_loads(t1p, a2p, o + 1, h, rs1, n0, w, cmask, CC, BW, HAS_ACC2, EDGE)
+        nxt = nxt + _syn1_ahead(t1p, a2p, o + 1, h, rs1, n0, w, cmask, CC, BW, HAS_ACC2, EDGE, COMPUTE,
+                                SYN_AHEAD)
     if EDGE:
         if (o >= 0) & (o % STRIDE == 0):
             _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask, syn,
@@ -321,13 +324,12 @@ def _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask
     or () to load them here."""
     yo = yb + (o // STRIDE) * ors
     if SYN1:
-        if not SYN_AHEAD:
-            syn_raw = _syn1_loads(t1p, a2p, o, 0, rs1, n0, w, cmask, CC, BW, HAS_ACC2, False)
-        NV: tl.constexpr = 5 if HAS_ACC2 else 4
-        syn = ()
-        for pq in tl.static_range(BW // 2):  # one block's subbands serve both its columns
-            left, right = _haar_pair(syn_raw, pq * NV, o, HAS_ACC2, COMPUTE)
-            syn = syn + (left, right)
+        if SYN_AHEAD == 2:
+            syn = syn_raw
+        else:
+            if not SYN_AHEAD:
+                syn_raw = _syn1_loads(t1p, a2p, o, 0, rs1, n0, w, cmask, CC, BW, HAS_ACC2, False)
+            syn = _syn1_pairs(syn_raw, o, BW, HAS_ACC2, COMPUTE)
     for q in tl.static_range(BW):
         out = acc[q]
         if HAS_BIAS:
@@ -357,6 +359,29 @@ def _syn1_loads(t1p, a2p, o, h, rs1, n0, w, cmask, CC: tl.constexpr, BW: tl.cons
             vals = vals + (tl.load(tp + s * CC, mask=m, other=0.0),)
         if HAS_ACC2:
             vals = vals + (tl.load(a2p + r1_ + pq * CC, mask=m, other=0.0),)
+    return vals
+
+
+@triton.jit
+def _syn1_pairs(vals, o, BW: tl.constexpr, HAS_ACC2: tl.constexpr, COMPUTE: tl.constexpr):
+    """acc_1 at full-resolution row ``o`` in the BW columns of _syn1_loads' ``vals``, in COMPUTE."""
+    NV: tl.constexpr = 5 if HAS_ACC2 else 4
+    syn = ()
+    for pq in tl.static_range(BW // 2):  # one block's subbands serve both its columns
+        left, right = _haar_pair(vals, pq * NV, o, HAS_ACC2, COMPUTE)
+        syn = syn + (left, right)
+    return syn
+
+
+@triton.jit
+def _syn1_ahead(t1p, a2p, o, h, rs1, n0, w, cmask, CC: tl.constexpr, BW: tl.constexpr, HAS_ACC2: tl.constexpr,
+                EDGE: tl.constexpr, COMPUTE: tl.constexpr, MODE: tl.constexpr):
+    """What a row carries for output row ``o``'s level-1 term (TUNING syn1_ahead): MODE 1 the raw values as
+    _syn1_loads gives them; MODE 2 acc_1 itself (BW values in COMPUTE: fewer to carry, no repacking of raw halves,
+    but the butterfly waits on the loads within the row)."""
+    vals = _syn1_loads(t1p, a2p, o, h, rs1, n0, w, cmask, CC, BW, HAS_ACC2, EDGE)
+    if MODE == 2:
+        vals = _syn1_pairs(vals, o, BW, HAS_ACC2, COMPUTE)
     return vals
 
 
@@ -898,6 +923,9 @@ TUNING: dict[str, int] = {
     # used as soon as loaded). H100, bf16, B=128, fwd + bwd wall time, one process (bench_layer.py --variants,
     # session 41): 56 x 56 1.330 ms, 1.337 with syn1_ahead, 1.380 with conv_base_bc 64, 1.309 with both (forward
     # 0.446 -> 0.418); 28 x 28 (C = 192 takes 64 either way) 0.632 -> 0.618 (forward 0.210 -> 0.199).
+    # syn1_ahead = 2 carries acc_1 itself (BW values in the compute dtype) instead of the raw values: fewer carried
+    # registers and no repacking of bf16 halves (sm_90 SASS, triton 3.8: see results/h200/summary.md, session 41),
+    # but the butterfly waits on its loads within the row. Not measured yet.
     "syn1_ahead": 1, "conv_base_bc": 64,
     # Maps of at most small_max rows and columns run a whole pass in one launch (small_kernels.py): a program per
     # image and small_bc channels, small_warps warps, strips of small_bw columns, small_chunk positions per
@@ -917,8 +945,8 @@ TUNING: dict[str, int] = {
     # against 0.052 / 0.029 / 0.019 / 0.020 at 56 / 28 / 14 / 7 (32 left 3 x 21 programs at 56 x 56, latency-bound).
     "pgrad_bc": 8,
 }
-_FLAG_KEYS = ("syn1", "wgrad_unroll", "wgrad_pair", "syn1_ahead")  # 0 or 1, not sizes
-_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc")  # 0 turns the path off (conv_base_bc: the default rule)
+_FLAG_KEYS = ("syn1", "wgrad_unroll", "wgrad_pair")  # 0 or 1, not sizes
+_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc", "syn1_ahead")  # 0 turns the path off (conv_base_bc: the rule)
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc")
 
 def _tuning_from_env() -> None:
@@ -933,10 +961,11 @@ def _tuning_from_env() -> None:
         raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: expected a JSON object of launch shapes")
     bad = {k: v for k, v in values.items()
            if k not in TUNING or not isinstance(v, int) or v < (0 if k in _FLAG_KEYS + _ZERO_KEYS else 1) or
-           (k in _FLAG_KEYS and v > 1)}
+           (k in _FLAG_KEYS and v > 1) or (k == "syn1_ahead" and v > 2)}
     if bad:
-        raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: unknown keys or non-positive values {bad}; "
-                           f"expected positive integers for {sorted(TUNING)}")
+        raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: unknown keys or values out of range {bad}; expected "
+                           f"positive integers for {sorted(TUNING)} (0 allowed for {_FLAG_KEYS + _ZERO_KEYS}; at most 1 "
+                           f"for {_FLAG_KEYS}, 2 for syn1_ahead)")
     for key in _POW2_KEYS:
         if key in values and values[key] & (values[key] - 1):
             raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: {key} must be a power of two, got {values[key]}")
