@@ -2,7 +2,7 @@
 # The kernels' GPU checks, A/Bs and benchmarks (issue 14 on), step by step in device calls of at most 10 minutes.
 #   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [layer] [profile] [compiled] [pmodel]
 #                          [graphs] [host] [launch] [pair] [pgrad] [eager] [warm] [parity] [patch] [cmodel]
-#                          [sizes] [dense] [trainbench] [cold]
+#                          [sizes] [dense] [trainbench] [cold] [ahead]
 # TCACHE=DIR: Triton's compiled kernels and Inductor's cache are unpacked from DIR first and packed into OUTDIR last
 # (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles. The parts (binaries only,
 # 15 MiB each) must come back as files of their own: with $OUT set (the device machine) they are copied there, beside
@@ -130,6 +130,18 @@ if [[ "$what" == *pgrad* ]]; then
     step 90 "profile_${t:-default}.txt" "$py" benchmarks/profile_layer.py --shapes 0 1 2 3 --dtypes bf16 --cl \
       ${t:+--tuning ${t//,/ }}
   done
+fi
+# TUNING syn1_ahead 0 / 1 (default) / 2 (session 41; 2 not yet measured): CUDA time per kernel at every stage shape,
+# then the layer rows side by side in one process. At 14 x 14 and 7 x 7 only the small pass reads it. Warm them first
+# ("warm" with WARM_VARIANTS="syn1_ahead=0 syn1_ahead=2").
+if [[ "$what" == *ahead* ]]; then
+  for t in "" syn1_ahead=0 syn1_ahead=2; do
+    step 90 "profile_ahead_${t:-default}.txt" "$py" benchmarks/profile_layer.py --shapes 0 1 2 3 --dtypes bf16 --cl \
+      ${t:+--tuning $t}
+  done
+  step 240 layer_ahead.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --variants syn1_ahead=0 syn1_ahead=2 \
+    --impls wtconv_triton_cl wtconv_triton_cl+syn1_ahead=0 wtconv_triton_cl+syn1_ahead=2 dw7_cl dw5_cl \
+    --out "$out/layer_ahead.json"
 fi
 # Does a compiled layer give eager's results, on each op path, compile mode and dtype (compiled_parity.py: about 3
 # minutes for 8 cases)? PARITY_ARGS: e.g. "--paths traced" (the default path's 6 cases only).
