@@ -320,8 +320,8 @@ def _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask
                 HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr, HAS_ACC2: tl.constexpr,
                 SYN_AHEAD: tl.constexpr):
     """Output row o of _conv_kernel (the first BW accumulators), with the bias and acc_1 (read, or synthesised
-    from level 1's subbands: SYN1) added; ``syn_raw``: those values as _syn1_loads gave them (loaded a row ahead),
-    or () to load them here."""
+    from level 1's subbands: SYN1) added. ``syn_raw``, carried from the row before (SYN_AHEAD, see _syn1_ahead):
+    level 1's raw values as _syn1_loads gives them (1) or acc_1 itself (2); () with SYN_AHEAD 0, loaded here."""
     yo = yb + (o // STRIDE) * ors
     if SYN1:
         if SYN_AHEAD == 2:
