@@ -59,8 +59,7 @@ def _case(name: str, ch: int, dtype: str):
     if name.startswith(("conv", "dx")):
         sig = dict(x_ptr=x, acc_ptr=x, acc2_ptr=x, y_ptr=x, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32, W=i32, B=i32)
         syn1 = name.endswith("syn1")
-        bc = (not levels and tun["conv_base_bc"]) or tk._block_c(cc, tun["conv_bc"])
-        const = dict(CC=cc, K=5, LEVELS=levels, BW=tun["conv_bw"], BC=bc, STRIDE=1,
+        const = dict(CC=cc, K=5, LEVELS=levels, BW=tun["conv_bw"], BC=tk.conv_block_c(cc, levels), STRIDE=1,
                      HAS_ACC=not levels, HAS_BIAS=name.startswith("conv_base"), FLIP=name.startswith("dx"), COMPUTE=fp,
                      SYN1=syn1, HAS_ACC2=syn1, SYN_AHEAD=tun["syn1_ahead"] if syn1 else 0)
         return tk._conv_kernel, sig, const, tun["conv_warps"]

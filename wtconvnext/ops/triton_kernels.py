@@ -265,16 +265,21 @@ def _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb
         NS: tl.constexpr = BW if SYN_AHEAD == 2 else (BW // 2) * (5 if HAS_ACC2 else 4)
         for i in tl.static_range(NI, NI + NS):
             syn = syn + (cur[i],)
-    if not PADROW:
+    if PADROW:
+        if SYN1 and SYN_AHEAD:  # the row values stay as they are (unused); the level-1 term comes below
+            nxt = ()
+            for i in tl.static_range(NI):
+                nxt = nxt + (cur[i],)
+    else:
         nxt = ()
         for i in tl.static_range(NI):
             if EDGE:
                 nxt = nxt + (tl.load(p + (i - PAD) * CC, mask=inm[i] & (r1 < h), other=0.0),)
             else:
                 nxt = nxt + (tl.load(p + (i - PAD) * CC, mask=inm[i], other=0.0),)
-        if SYN1 and SYN_AHEAD:
-            nxt = nxt + _syn1_ahead(t1p, a2p, o + 1, h, rs1, n0, w, cmask, CC, BW, HAS_ACC2, EDGE, COMPUTE,
-                                    SYN_AHEAD)
+    if SYN1 and SYN_AHEAD:
+        nxt = nxt + _syn1_ahead(t1p, a2p, o + 1, h, rs1, n0, w, cmask, CC, BW, HAS_ACC2, EDGE, COMPUTE, SYN_AHEAD)
+    if not PADROW:
         for i in tl.static_range(NI):
             v = cur[i].to(COMPUTE)
             new = ()
@@ -289,12 +294,6 @@ def _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb
                     else:
                         new = new + (acc[j * BW + q],)
             acc = new
-    elif SYN1 and SYN_AHEAD:  # (a padding row: the row values stay as they are, unused)
-        nxt = ()
-        for i in tl.static_range(NI):
-            nxt = nxt + (cur[i],)
-        nxt = nxt + _syn1_ahead(t1p, a2p, o + 1, h, rs1, n0, w, cmask, CC, BW, HAS_ACC2, EDGE, COMPUTE,
-                                SYN_AHEAD)
     if EDGE:
         if (o >= 0) & (o % STRIDE == 0):
             _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask, syn,
@@ -324,12 +323,9 @@ def _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask
     level 1's raw values as _syn1_loads gives them (1) or acc_1 itself (2); () with SYN_AHEAD 0, loaded here."""
     yo = yb + (o // STRIDE) * ors
     if SYN1:
-        if SYN_AHEAD == 2:
-            syn = syn_raw
-        else:
-            if not SYN_AHEAD:
-                syn_raw = _syn1_loads(t1p, a2p, o, 0, rs1, n0, w, cmask, CC, BW, HAS_ACC2, False)
-            syn = _syn1_pairs(syn_raw, o, BW, HAS_ACC2, COMPUTE)
+        if not SYN_AHEAD:
+            syn_raw = _syn1_loads(t1p, a2p, o, 0, rs1, n0, w, cmask, CC, BW, HAS_ACC2, False)
+        syn = syn_raw if SYN_AHEAD == 2 else _syn1_pairs(syn_raw, o, BW, HAS_ACC2, COMPUTE)
     for q in tl.static_range(BW):
         out = acc[q]
         if HAS_BIAS:
@@ -945,8 +941,8 @@ TUNING: dict[str, int] = {
     # against 0.052 / 0.029 / 0.019 / 0.020 at 56 / 28 / 14 / 7 (32 left 3 x 21 programs at 56 x 56, latency-bound).
     "pgrad_bc": 8,
 }
-_FLAG_KEYS = ("syn1", "wgrad_unroll", "wgrad_pair")  # 0 or 1, not sizes
-_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc", "syn1_ahead")  # 0 turns the path off (conv_base_bc: the rule)
+_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2}  # 0 .. the value, not sizes
+_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc")  # 0 turns the path off (conv_base_bc: the rule)
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc")
 
 def _tuning_from_env() -> None:
@@ -960,12 +956,12 @@ def _tuning_from_env() -> None:
     if not isinstance(values, dict):
         raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: expected a JSON object of launch shapes")
     bad = {k: v for k, v in values.items()
-           if k not in TUNING or not isinstance(v, int) or v < (0 if k in _FLAG_KEYS + _ZERO_KEYS else 1) or
-           (k in _FLAG_KEYS and v > 1) or (k == "syn1_ahead" and v > 2)}
+           if k not in TUNING or not isinstance(v, int) or v < (0 if k in (*_MODE_KEYS, *_ZERO_KEYS) else 1) or
+           v > _MODE_KEYS.get(k, v)}
     if bad:
         raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: unknown keys or values out of range {bad}; expected "
-                           f"positive integers for {sorted(TUNING)} (0 allowed for {_FLAG_KEYS + _ZERO_KEYS}; at most 1 "
-                           f"for {_FLAG_KEYS}, 2 for syn1_ahead)")
+                           f"positive integers for {sorted(TUNING)} (0 allowed for {_ZERO_KEYS}; modes 0 .. n: "
+                           f"{_MODE_KEYS})")
     for key in _POW2_KEYS:
         if key in values and values[key] & (values[key] - 1):
             raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: {key} must be a power of two, got {values[key]}")
@@ -1187,6 +1183,12 @@ def _block_c(ch: int, cap: int) -> int:
     sizes = [cap >> i for i in range(cap.bit_length()) if cap >> i >= min(32, cap)]
     return min(sizes, key=lambda b: (_cdiv(ch, b) * b, -b))
 
+
+
+def conv_block_c(cc: int, levels: int) -> int:
+    """Channels per program of a convolution launch over ``cc`` channels: TUNING conv_base_bc for the base map
+    (``levels`` 0) where set, else conv_bc's rule (:func:`_block_c`)."""
+    return (levels == 0 and TUNING["conv_base_bc"]) or _block_c(cc, TUNING["conv_bc"])
 
 
 @functools.cache
@@ -1429,7 +1431,7 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
     ``syn1``: ``acc`` is level 1's filtered subbands and ``acc2`` (from element ``acc2_off``, when given) acc_2,
     synthesised into the base convolution's output (with an even strip width)."""
     bw = TUNING["conv_bw"]
-    bc = (levels == 0 and TUNING["conv_base_bc"]) or _block_c(cc, TUNING["conv_bc"])
+    bc = conv_block_c(cc, levels)
     programs = _level_programs(h, w, levels, bw, bsz) if levels else bsz * _cdiv(w, bw)
     _launch(
         _conv_kernel, (programs, _cdiv(cc, bc)),
