@@ -305,3 +305,35 @@ def test_triton_backend_on_cpu_without_interpreter_is_a_clear_error(monkeypatch)
     params = (torch.randn(2, 1, 3, 3), None, torch.ones(2), torch.randn(1, 2, 4, 3, 3), torch.ones(1, 2, 4))
     with pytest.raises(ValueError, match="runs on CUDA tensors"):
         wtconv2d(x, *params, backend="triton")
+
+
+def _misfits() -> list:
+    """Argument sets of wtconv2d, good (first) and each with one thing wrong."""
+    x = torch.randn(2, 4, 8, 8)
+    good = dict(x=x, weight=torch.randn(4, 1, 3, 3), bias=torch.randn(4), base_scale=torch.ones(4),
+                wavelet_weight=torch.randn(2, 4, 4, 3, 3), wavelet_scale=torch.ones(2, 4, 4), stride=1)
+    bad = [dict(x=x[0]), dict(x=x.to(torch.int32)), dict(x=x[:, :3]), dict(weight=torch.randn(4, 1, 2, 2)),
+           dict(weight=torch.randn(4, 2, 3, 3)), dict(weight=torch.randn(4, 1, 3, 5)),
+           dict(wavelet_weight=torch.randn(2, 4, 4, 5, 5)), dict(wavelet_weight=torch.randn(2, 4, 3, 3, 3)),
+           dict(wavelet_weight=torch.randn(4, 4, 3, 3)), dict(wavelet_scale=torch.ones(3, 4, 4)),
+           dict(base_scale=torch.ones(1, 4)), dict(bias=torch.randn(3)), dict(stride=0), dict(stride=1.0),
+           dict(bias=torch.randn(4, device="meta")), dict(wavelet_scale=torch.ones(2, 4, 4, device="meta"))]
+    return [good, *({**good, **b} for b in bad), {**good, "bias": None}, {**good, "stride": 2}]
+
+
+@pytest.mark.parametrize("i", range(len(_misfits())))
+def test_fast_input_check_agrees_with_the_explained_one(i: int) -> None:
+    """The per-call check (wtconv._inputs_fit) passes exactly the argument sets that the one-by-one checks pass, so
+    its shortcut neither lets a misfit through nor sends a good call down the slow path."""
+    from wtconvnext.ops import wtconv as W
+
+    args = _misfits()[i]
+    try:
+        W._explain_misfit(**args)
+        explained = True
+    except ValueError:
+        explained = False
+    assert W._inputs_fit(**args) == explained
+    if not explained:
+        with pytest.raises(ValueError):
+            W.check_wtconv_inputs(**args)

@@ -63,6 +63,35 @@ def check_wtconv_inputs(
     stride: int,
 ) -> None:
     """Raise a ValueError naming the problem when the arguments of :func:`wtconv2d` do not fit together."""
+    if _inputs_fit(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride):
+        return
+    _explain_misfit(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+
+
+def _inputs_fit(x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
+                wavelet_scale: Tensor, stride: int) -> bool:
+    """Whether the arguments fit together, in as few steps as a per-call check can take (host time per layer call
+    is what small inputs pay); False may be wrong only towards caution: :func:`_explain_misfit` then decides."""
+    xs, ws, wws = x.shape, weight.shape, wavelet_weight.shape
+    if len(xs) != 4 or len(ws) != 4 or len(wws) != 5 or x.dtype not in SUPPORTED_DTYPES:
+        return False
+    c, k, levels = xs[1], ws[3], wws[0]
+    if (ws != (c, 1, k, k) or k % 2 == 0 or wws != (levels, c, 4, k, k) or wavelet_scale.shape != (levels, c, 4)
+            or base_scale.shape != (c,) or (bias is not None and bias.shape != (c,))
+            or type(stride) is not int or stride < 1):
+        return False
+    if x.is_cuda:  # the common case: every parameter on the same GPU (integer comparisons, no device objects)
+        i = x.get_device()
+        return (weight.is_cuda and base_scale.is_cuda and wavelet_weight.is_cuda and wavelet_scale.is_cuda
+                and weight.get_device() == i and base_scale.get_device() == i and wavelet_weight.get_device() == i
+                and wavelet_scale.get_device() == i and (bias is None or (bias.is_cuda and bias.get_device() == i)))
+    dev = x.device
+    return all(t is None or t.device == dev for t in (weight, bias, base_scale, wavelet_weight, wavelet_scale))
+
+
+def _explain_misfit(x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
+                    wavelet_scale: Tensor, stride: int) -> None:
+    """The checks one by one, raising for the first that fails (after :func:`_inputs_fit` found a misfit)."""
     if x.dim() != 4:
         raise ValueError(f"WTConv2d expects a 4-D input (B, C, H, W), got shape {tuple(x.shape)}")
     if x.dtype not in SUPPORTED_DTYPES:
@@ -163,7 +192,15 @@ def wtconv2d(
                 f"the 'triton' WTConv backend runs on CUDA tensors (input is on {x.device}); set TRITON_INTERPRET=1 "
                 "before importing wtconvnext to run the kernels on the CPU, or use backend='reference'"
             )
-        from .wtconv_triton import wtconv2d_triton
-
-        return wtconv2d_triton(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+        return _triton_impl()(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
     return wtconv2d_reference(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride)
+
+
+def _triton_impl():
+    """``wtconv_triton.wtconv2d_triton``, imported at the first call (triton is optional; an import statement per
+    layer call cost host time)."""
+    global _triton_impl
+    from .wtconv_triton import wtconv2d_triton
+
+    _triton_impl = lambda: wtconv2d_triton  # noqa: E731
+    return wtconv2d_triton

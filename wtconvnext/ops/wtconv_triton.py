@@ -381,7 +381,7 @@ def wtconv2d_triton(
     """
     if not TRITON_AVAILABLE:
         raise RuntimeError("the 'triton' WTConv backend needs the triton package, which is not installed")
-    device_type = x.device.type
+    device_type = "cuda" if x.is_cuda else x.device.type  # (no device object per call on a GPU)
     round_to = None
     if torch.is_autocast_enabled(device_type):
         round_to = torch.get_autocast_dtype(device_type)
@@ -394,8 +394,9 @@ def wtconv2d_triton(
         if traced_op_applies(x):
             return _wtconv2d_traced_op(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)[0]
         return _wtconv2d_op(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)
-    if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (
-            x, weight, bias, base_scale, wavelet_weight, wavelet_scale))):
+    if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or base_scale.requires_grad
+                                         or wavelet_weight.requires_grad or wavelet_scale.requires_grad
+                                         or (bias is not None and bias.requires_grad))):
         # Inference (no_grad, inference_mode, or nothing needs a gradient): the forward alone, without the autograd
         # Function's bookkeeping and saved tensors (host time per layer call is what small inputs pay).
         return _forward_impl(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to)[0]
