@@ -308,3 +308,19 @@ def test_inductor_launches_counts_a_wrappers_launches_and_fills(tmp_path: Path, 
     assert "fills: 2 of nan" in capsys.readouterr().out
     assert inductor_launches.main([str(tmp_path), "--match", "nothing-has-this"]) == 0
     assert inductor_launches.main([str(tmp_path / "missing")]) == 2
+
+
+def test_proto_level1_is_bitwise_todays_level_one() -> None:
+    """The level-1 prototype (subbands built as rows load, polyphase output) gives bit for bit what today's level-1
+    analysis and level convolution give, rearranged (interpreter on the CPU, the kernels on a GPU), and the check
+    is not blind: a one-element change of the input is seen."""
+    from benchmarks import proto_level1 as proto
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    proto.check(device=device, bw=2, bc=8)
+    x, level_w = proto._inputs(2, 8, 12, 10, 5, torch.bfloat16, device)
+    x[0, 1, 3, 4] += 1
+    got = proto.level1_onload(x, level_w).permute(0, 2, 3, 1)
+    poly = got.reshape(2, 6, 2, 5, 2, 8).permute(0, 1, 3, 2, 4, 5).reshape(2, 6, 5, 4, 8)
+    assert not torch.equal(poly, proto.level1_today(proto._inputs(2, 8, 12, 10, 5, torch.bfloat16, device)[0],
+                                                    level_w))
