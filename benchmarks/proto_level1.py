@@ -15,6 +15,10 @@ It writes the filtered subbands in the *polyphase* layout: subband s of block (r
 blocks, could read level 1's term from its own output buffer and overwrite it in place; with levels >= 2 still in
 buffers (1/3 of a map), the layer's peak would be y + dx + 1/3 map at 56 x 56 (the note's arithmetic: 0.99x dw7).
 
+``forward_l1_inplace`` takes it one step on: a one-level forward with no coefficient buffer, level 1 on load into
+y's buffer and the base convolution (``_conv_kernel``, SYN1 == 2) overwriting it in place, bitwise today's
+three-launch forward.
+
 What it measures: this kernel against what it replaces, level 1's part of today's passes: the analysis writing
 level 1's coefficients plus the level convolution reading them (``coefficients(x, 1)`` and ``_conv_launch`` on
 that one level). The results are checked bit for bit against those launches, rearranged (same multiply-add order).
@@ -140,6 +144,27 @@ def level1_today(x: torch.Tensor, level_w: torch.Tensor) -> torch.Tensor:
     return filt.view(bsz, h // 2, w // 2, 4, ch)
 
 
+def forward_l1_inplace(x: torch.Tensor, base_w: torch.Tensor, base_b: torch.Tensor | None, level_w: torch.Tensor,
+                       bw: int = 2, bc: int = 32, warps: int = 1) -> torch.Tensor:
+    """A one-level WTConv forward in two launches and no coefficient buffer: level 1 on load, polyphase into y's
+    own buffer, then the base convolution (``_conv_kernel`` with SYN1 == 2) adding the bias and level 1's inverse
+    Haar step, reading each row's level-1 values a row ahead (TUNING syn1_ahead >= 1) and overwriting them."""
+    if not tk.TUNING["syn1_ahead"] or tk.TUNING["conv_bw"] % 2:
+        raise ValueError("in place needs TUNING syn1_ahead >= 1 and an even conv_bw")
+    bsz, ch, h, w = x.shape
+    y = level1_onload(x, level_w, bw, bc, warps)
+    tk._conv_launch(x, y, y, base_w, base_w if base_b is None else base_b, h, w, bsz, ch, base_w.shape[0], 0, 1,
+                    True, base_b is not None, False, syn1=2)
+    return y
+
+
+def forward_l1_today(x: torch.Tensor, base_w: torch.Tensor, base_b: torch.Tensor | None, level_w: torch.Tensor
+                     ) -> torch.Tensor:
+    """Today's multi-launch forward of one level (analysis, level convolution, base convolution with syn1)."""
+    out = torch.empty_like(x, memory_format=torch.channels_last)
+    return tk.wtconv_forward(x, out, base_w, base_b, level_w[:1], 1)
+
+
 def _inputs(b: int, c: int, h: int, w: int, k: int, dtype: torch.dtype, device: str):
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(b, c, h, w, device=device, generator=g).to(dtype).contiguous(memory_format=torch.channels_last)
@@ -148,6 +173,28 @@ def _inputs(b: int, c: int, h: int, w: int, k: int, dtype: torch.dtype, device: 
     ws = torch.rand(1, c, 4, device=device, generator=g) + 0.5
     _, _, level_w = tk.folded_weights(weight, None, torch.ones(c, device=device), ww, ws)
     return x, level_w
+
+
+def _layer(b: int, c: int, h: int, w: int, k: int, dtype: torch.dtype, device: str):
+    """x and a one-level layer's folded kernels (base, bias, levels)."""
+    x, level_w = _inputs(b, c, h, w, k, dtype, device)
+    g = torch.Generator(device=device).manual_seed(1)
+    weight = torch.randn(c, 1, k, k, device=device, generator=g) * 0.2
+    bias = torch.randn(c, device=device, generator=g)
+    base_w, base_b, _ = tk.folded_weights(weight, bias, torch.rand(c, device=device, generator=g) + 0.5,
+                                          torch.zeros(1, c, 4, k, k, device=device), torch.ones(1, c, 4, device=device))
+    return x, base_w, base_b, level_w
+
+
+def check_forward(b: int = 2, c: int = 8, h: int = 20, w: int = 18, k: int = 5, dtype: torch.dtype = torch.bfloat16,
+                  device: str = "cpu", bw: int = 2, bc: int = 8) -> None:
+    """Raise AssertionError unless the in-place one-level forward is bitwise today's (a map past small_max)."""
+    x, base_w, base_b, level_w = _layer(b, c, h, w, k, dtype, device)
+    want = forward_l1_today(x, base_w, base_b, level_w)
+    got = forward_l1_inplace(x, base_w, base_b, level_w, bw, bc)
+    if not torch.equal(got, want):
+        diff = (got.float() - want.float()).abs().max().item()
+        raise AssertionError(f"in-place forward differs from today's (max abs diff {diff})")
 
 
 def check(b: int = 2, c: int = 8, h: int = 12, w: int = 10, k: int = 5, dtype: torch.dtype = torch.bfloat16,
@@ -172,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         for bw, bc in ((2, 8), (4, 4)):
             check(device=args.device, bw=bw, bc=bc)
-        print("proto_level1: bitwise today's level 1 (2 configs)")
+        check_forward(device=args.device)
+        print("proto_level1: bitwise today's level 1 (2 configs) and one-level forward")
         return 0
     from benchmarks.bench_layer import _bench
 
@@ -187,9 +235,19 @@ def main(argv: list[str] | None = None) -> int:
                     lambda: level1_onload(x, level_w, bw, bc, warps))
             except Exception as e:  # noqa: BLE001 - a config that fails to compile or check is reported, not fatal
                 row[f"on load BW={bw} BC={bc} warps={warps}"] = f"{type(e).__name__}: {str(e)[:120]}"
+        xl, base_w, base_b, lw1 = _layer(b, c, h, h, k, torch.bfloat16, args.device)
+        row["one-level forward today (3 launches)"] = _bench(lambda: forward_l1_today(xl, base_w, base_b, lw1))
+        for cfg in args.configs[:2]:
+            bw, bc, warps = (int(v) for v in cfg.split(","))
+            try:
+                check_forward(b=4, c=c, h=h, w=h, k=k, device=args.device, bw=bw, bc=bc)
+                row[f"one-level forward in place BW={bw} BC={bc}"] = _bench(
+                    lambda: forward_l1_inplace(xl, base_w, base_b, lw1, bw, bc, warps))
+            except Exception as e:  # noqa: BLE001
+                row[f"one-level forward in place BW={bw} BC={bc}"] = f"{type(e).__name__}: {str(e)[:120]}"
         print(f"=== bf16 B={b} C={c} {h}x{h} K={k}: level 1 (ms)")
         for name, v in row.items():
-            print(f"  {name:40s} {v if isinstance(v, str) else f'{v:.4f}'}")
+            print(f"  {name:44s} {v if isinstance(v, str) else f'{v:.4f}'}")
     return 0
 
 

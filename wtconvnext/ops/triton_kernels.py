@@ -161,7 +161,9 @@ def _conv_kernel(
         # Level 1's positions under this program's column pairs (row 0): BW is even, so pairs are 2 x 2 blocks.
         w1 = (w + 1) // 2
         s1 = (b * ((h + 1) // 2) * w1 + n0 // 2) * CC
-        t1p = acc_ptr + s1 * 4 + cc
+        # SYN1 == 2 (prototype, even maps): the filtered subbands polyphase in a full-resolution map (subband s of
+        # block (r, j) at pixel (2r + s // 2, 2j + s % 2)), which may be y itself (read a row ahead, then overwritten).
+        t1p = ab if SYN1 == 2 else acc_ptr + s1 * 4 + cc
         a2p = acc2_ptr + tl.cast(acc2_off, tl.int64) + s1 + cc
         rs1 = tl.cast(w1 * CC, tl.int64)
     else:
@@ -218,7 +220,7 @@ def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
         nxt = nxt + (tl.load(xb + (i - PAD) * CC, mask=inm[i] & (h > 0), other=0.0),)
     if SYN1 and SYN_AHEAD:  # the first output row's level-1 values ride behind the row's (see _conv_row)
         nxt = nxt + _syn1_ahead(t1p, a2p, h * 0 - PAD, h, rs1, n0, w, cmask, CC, BW, HAS_ACC2, True, COMPUTE,
-                                SYN_AHEAD)
+                                SYN_AHEAD, SYN1 == 2)
     # Input rows 0 .. h+PAD-1 in four loops: the rows in the middle, whose next row exists and which complete an
     # output row, without the row tests (in each load's mask and around the stores) that the edges need (one loop
     # testing every row ran at 0.94-0.95x in the input gradient on the H200, session 20); the padding rows below
@@ -278,7 +280,8 @@ def _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb
             else:
                 nxt = nxt + (tl.load(p + (i - PAD) * CC, mask=inm[i], other=0.0),)
     if SYN1 and SYN_AHEAD:
-        nxt = nxt + _syn1_ahead(t1p, a2p, o + 1, h, rs1, n0, w, cmask, CC, BW, HAS_ACC2, EDGE, COMPUTE, SYN_AHEAD)
+        nxt = nxt + _syn1_ahead(t1p, a2p, o + 1, h, rs1, n0, w, cmask, CC, BW, HAS_ACC2, EDGE, COMPUTE, SYN_AHEAD,
+                                SYN1 == 2)
     if not PADROW:
         for i in tl.static_range(NI):
             v = cur[i].to(COMPUTE)
@@ -324,7 +327,7 @@ def _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask
     yo = yb + (o // STRIDE) * ors
     if SYN1:
         if not SYN_AHEAD:
-            syn_raw = _syn1_loads(t1p, a2p, o, 0, rs1, n0, w, cmask, CC, BW, HAS_ACC2, False)
+            syn_raw = _syn1_loads(t1p, a2p, o, 0, rs1, n0, w, cmask, CC, BW, HAS_ACC2, False, SYN1 == 2)
         syn = syn_raw if SYN_AHEAD == 2 else _syn1_pairs(syn_raw, o, BW, HAS_ACC2, COMPUTE)
     for q in tl.static_range(BW):
         out = acc[q]
@@ -340,7 +343,7 @@ def _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask
 
 @triton.jit
 def _syn1_loads(t1p, a2p, o, h, rs1, n0, w, cmask, CC: tl.constexpr, BW: tl.constexpr, HAS_ACC2: tl.constexpr,
-                EDGE: tl.constexpr):
+                EDGE: tl.constexpr, POLY: tl.constexpr = False):
     """The raw values (input dtype) of level 1's filtered subbands (4, CC) (+ acc_2 on their low-pass) under
     full-resolution row ``o`` of the BW // 2 2 x 2 blocks from column n0; EDGE: row o may lie outside 0 .. h - 1
     (then they load as zeros)."""
@@ -350,9 +353,12 @@ def _syn1_loads(t1p, a2p, o, h, rs1, n0, w, cmask, CC: tl.constexpr, BW: tl.cons
         m = cmask & (n0 + 2 * pq < w)
         if EDGE:
             m = m & (o >= 0) & (o < h)
-        tp = t1p + 4 * (r1_ + pq * CC)
         for s in tl.static_range(4):
-            vals = vals + (tl.load(tp + s * CC, mask=m, other=0.0),)
+            if POLY:  # polyphase (SYN1 == 2): rows of 2 * rs1 (an even map)
+                tp = t1p + 4 * r1_ + (s // 2) * (2 * rs1) + (2 * pq + s % 2) * CC
+            else:
+                tp = t1p + 4 * (r1_ + pq * CC) + s * CC
+            vals = vals + (tl.load(tp, mask=m, other=0.0),)
         if HAS_ACC2:
             vals = vals + (tl.load(a2p + r1_ + pq * CC, mask=m, other=0.0),)
     return vals
@@ -371,11 +377,11 @@ def _syn1_pairs(vals, o, BW: tl.constexpr, HAS_ACC2: tl.constexpr, COMPUTE: tl.c
 
 @triton.jit
 def _syn1_ahead(t1p, a2p, o, h, rs1, n0, w, cmask, CC: tl.constexpr, BW: tl.constexpr, HAS_ACC2: tl.constexpr,
-                EDGE: tl.constexpr, COMPUTE: tl.constexpr, MODE: tl.constexpr):
+                EDGE: tl.constexpr, COMPUTE: tl.constexpr, MODE: tl.constexpr, POLY: tl.constexpr = False):
     """What a row carries for output row ``o``'s level-1 term (TUNING syn1_ahead): MODE 1 the raw values as
     _syn1_loads gives them; MODE 2 acc_1 itself (BW values in COMPUTE: fewer to carry, no repacking of raw halves,
     but the butterfly waits on the loads within the row)."""
-    vals = _syn1_loads(t1p, a2p, o, h, rs1, n0, w, cmask, CC, BW, HAS_ACC2, EDGE)
+    vals = _syn1_loads(t1p, a2p, o, h, rs1, n0, w, cmask, CC, BW, HAS_ACC2, EDGE, POLY)
     if MODE == 2:
         vals = _syn1_pairs(vals, o, BW, HAS_ACC2, COMPUTE)
     return vals
