@@ -80,7 +80,7 @@ class _StandInKernel:
     """Stands in for a ``@triton.jit`` kernel: its parameter names, and a first launch that "compiles" it."""
 
     def __init__(self, fn: Any) -> None:
-        self.arg_names, self.__name__ = fn.arg_names, fn.__name__
+        self.arg_names, self.__name__, self.fn = fn.arg_names, fn.__name__, fn.fn
 
     def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., _NoOpCompiled]:
         return lambda *args, **kwargs: _NoOpCompiled()
@@ -113,6 +113,7 @@ def no_kernels(mode: str) -> Iterator[None]:
             tk._device_index = lambda: 0  # no CUDA device here: Triton's driver would ask for one
             tk._COMPILED.clear()
             tk._CONST_NAMES.clear()  # keyed by id(): a stand-in's id may be a freed one's
+            tk._CONST_DEFAULTS.clear()
         yield
     finally:
         for name in ("_launch", "_FAST_LAUNCH", "_device_index"):
@@ -123,6 +124,7 @@ def no_kernels(mode: str) -> Iterator[None]:
         tk._COMPILED.clear()
         tk._CONST_NAMES.clear()
         tk._CONST_NAMES.update(const_names)
+        tk._CONST_DEFAULTS.clear()
         launch_plan.clear()
         launch_plan.ENABLED, launch_plan.DIRECT, launch_plan._direct_env = plans_on, direct_on, direct_env
         launch_plan.WORKSPACE = workspace_on

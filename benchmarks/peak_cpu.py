@@ -10,8 +10,9 @@ counts the bytes of every ``torch.empty`` storage alive at once during ``y = wtc
 ``torch.autograd.grad(y, [x, *params], dy)`` at the WTConvNeXt-T stage shapes, bf16 channels_last, y held
 throughout (as ``bench_layer``'s peak measures it: allocations above x and dy). It prints the peak in MiB and in
 units of x's size, for the default path (direct launches, the intermediates in one workspace per pass), without the
-workspace (``no_workspace``) and, also without it, with the input gradient in a map of its own (``separate_dx``, the
-layout before ``input_grad_buffer``). No allocator rounding or cuDNN workspace: on the H200 ``bench_layer``'s
+workspace (``no_workspace``), with level 1 analysed into the coefficient buffers as before TUNING l1_onload
+(``no_onload``) and, also without the workspace, with the input gradient in a map of its own as well
+(``separate_dx``, the layout before ``input_grad_buffer``). No allocator rounding or cuDNN workspace: on the H200 ``bench_layer``'s
 peak at 56 x 56 was 361 MiB where this count gives 344 for the same layout; cuDNN's dw7 took 172.8 MiB (2.35 x x).
 """
 
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import report, wtconv_inputs  # noqa: E402
 from benchmarks.host_cpu import STAGES, no_kernels  # noqa: E402
+from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d, wtconv_triton  # noqa: E402
 
 
@@ -65,14 +67,17 @@ class AllocationCounter:
         torch.empty = self._empty
 
 
-def layer_peak(b: int, c: int, h: int, w: int, levels: int, separate_dx: bool, mode: str = "workspace") -> int:
+def layer_peak(b: int, c: int, h: int, w: int, levels: int, separate_dx: bool, mode: str = "workspace",
+               tuning: dict[str, int] | None = None) -> int:
     """Peak bytes of ``torch.empty`` storages alive at once in one forward + backward (y held until the end), the
-    launches on ``mode``'s path (``host_cpu.MODES``)."""
+    launches on ``mode``'s path (``host_cpu.MODES``), with ``tuning`` over the kernels' TUNING."""
     x, dy, p = wtconv_inputs(b, c, h, w, levels, torch.bfloat16, device="cpu")
     x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
     dy = dy.contiguous(memory_format=torch.channels_last)
     ps = [t.requires_grad_() for t in p]
     chosen = wtconv_triton.input_grad_buffer
+    saved = dict(tk.TUNING)
+    tk.TUNING.update(tuning or {})
     try:
         if separate_dx:
             wtconv_triton.input_grad_buffer = lambda dys, coef, lv: torch.empty(
@@ -86,6 +91,8 @@ def layer_peak(b: int, c: int, h: int, w: int, levels: int, separate_dx: bool, m
             del grads, y
     finally:
         wtconv_triton.input_grad_buffer = chosen
+        tk.TUNING.clear()
+        tk.TUNING.update(saved)
     return counter.peak
 
 
@@ -99,15 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     for c, h, w, levels in STAGES[: args.shapes]:
         x_bytes = args.batch * c * h * w * 2
         row = dict(B=args.batch, C=c, H=h, W=w, levels=levels, dtype="bf16", x_mib=x_bytes / 2**20)
-        for name, separate, mode in (("peak", False, "workspace"), ("no_workspace", False, "direct"),
-                                     ("separate_dx", True, "direct")):
-            row[f"{name}_mib"] = layer_peak(args.batch, c, h, w, levels, separate, mode) / 2**20
+        for name, separate, mode, tuning in (("peak", False, "workspace", None),
+                                             ("no_workspace", False, "direct", None),
+                                             ("no_onload", False, "workspace", {"l1_onload": 0}),
+                                             ("separate_dx", True, "direct", {"l1_onload": 0})):
+            row[f"{name}_mib"] = layer_peak(args.batch, c, h, w, levels, separate, mode, tuning) / 2**20
         rows.append(row)
     hdr = (f"{'B, C, H, L':18} {'x MiB':>8} {'peak MiB':>9} {'peak / x':>9} {'no workspace MiB':>17} "
-           f"{'separate dx MiB':>16} {'/ x':>6}")
+           f"{'l1_onload 0 MiB':>16} {'/ x':>6} {'+ separate dx MiB':>18}")
     lines = [f"{r['B']:>4}, {r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['x_mib']:8.1f} {r['peak_mib']:9.1f} "
-             f"{r['peak_mib'] / r['x_mib']:9.2f} {r['no_workspace_mib']:17.1f} {r['separate_dx_mib']:16.1f} "
-             f"{r['separate_dx_mib'] / r['x_mib']:6.2f}"
+             f"{r['peak_mib'] / r['x_mib']:9.2f} {r['no_workspace_mib']:17.1f} {r['no_onload_mib']:16.1f} "
+             f"{r['no_onload_mib'] / r['x_mib']:6.2f} {r['separate_dx_mib']:18.1f}"
              for r in rows]
     env = dict(cpu=platform.processor() or platform.machine(), torch=torch.__version__,
                python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M:%S"))

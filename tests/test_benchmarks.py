@@ -308,34 +308,3 @@ def test_inductor_launches_counts_a_wrappers_launches_and_fills(tmp_path: Path, 
     assert "fills: 2 of nan" in capsys.readouterr().out
     assert inductor_launches.main([str(tmp_path), "--match", "nothing-has-this"]) == 0
     assert inductor_launches.main([str(tmp_path / "missing")]) == 2
-
-
-def test_proto_level1_is_bitwise_todays_level_one() -> None:
-    """The level-1 prototype (subbands built as rows load, polyphase output) gives bit for bit what today's level-1
-    analysis and level convolution give, rearranged (interpreter on the CPU, the kernels on a GPU), and the check
-    is not blind: a one-element change of the input is seen."""
-    from benchmarks import proto_level1 as proto
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    proto.check(device=device, bw=2, bc=8)
-    x, level_w = proto._inputs(2, 8, 12, 10, 5, torch.bfloat16, device)
-    x[0, 1, 3, 4] += 1
-    got = proto.level1_onload(x, level_w).permute(0, 2, 3, 1)
-    poly = got.reshape(2, 6, 2, 5, 2, 8).permute(0, 1, 3, 2, 4, 5).reshape(2, 6, 5, 4, 8)
-    assert not torch.equal(poly, proto.level1_today(proto._inputs(2, 8, 12, 10, 5, torch.bfloat16, device)[0],
-                                                    level_w))
-
-
-def test_proto_level1_forward_in_place_is_bitwise_todays(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The one-level forward with level 1 polyphase in y's own buffer, overwritten in place by the base convolution
-    (SYN1 == 2, reading each row's level-1 values a row ahead), is bitwise today's three-launch forward; without
-    the row-ahead loads it refuses (in place would read overwritten values)."""
-    from benchmarks import proto_level1 as proto
-    from wtconvnext.ops import triton_kernels as tk
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    proto.check_forward(device=device)
-    monkeypatch.setitem(tk.TUNING, "syn1_ahead", 0)
-    x, base_w, base_b, level_w = proto._layer(2, 8, 20, 18, 5, torch.bfloat16, device)
-    with pytest.raises(ValueError, match="syn1_ahead"):
-        proto.forward_l1_inplace(x, base_w, base_b, level_w)

@@ -751,3 +751,90 @@ def test_traced_launch_never_passes_a_written_buffer_twice(small_max, levels, mo
                       and named[n].untyped_storage().data_ptr() == named[w].untyped_storage().data_ptr()]
             assert not others, f"{name}: {w} shares its buffer with {others}"
     assert seen & set(_WRITTEN), seen  # the checked kernels ran
+
+
+# Even maps past small_max, where TUNING l1_onload (the default) makes level 1 on load: one level, two, more levels
+# than the map halves, rows fewer than K // 2 at the coarse levels, a strip of one 2 x 2 block, K = 1 and 7.
+ONLOAD_SHAPES = [
+    (2, 3, 12, 10, 3, 2, 1, True),
+    (1, 2, 8, 8, 5, 1, 1, False),
+    (2, 2, 16, 6, 3, 6, 1, True),
+    (1, 3, 4, 10, 7, 2, 1, True),
+    (1, 2, 6, 4, 1, 2, 1, True),
+]
+
+
+@pytest.mark.parametrize("shape", ONLOAD_SHAPES, ids=lambda s: "B{}C{}H{}W{}K{}L{}".format(*s))
+def test_level1_on_load_matches_reference(shape, monkeypatch):
+    """TUNING l1_onload: level 1's convolutions, weight gradients and the analysis's level 2 made from the input as
+    it loads, level 1's filtered subbands polyphase in the output's buffer and overwritten there in place by the
+    base convolution: in float64 within 1e-10 of the reference (output and every gradient), and the pass takes
+    that path (the level-1 kernel runs in the forward and the input gradient)."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, "l1_onload": 1})
+    names = _spy_launches(monkeypatch)
+    _float64_matches_reference(shape)
+    assert names.count("_level1_kernel") == 2, names
+
+
+@pytest.mark.parametrize("dtype, shape", [
+    (torch.bfloat16, (2, 8, 20, 18, 5, 3, 1, True)),  # the default strips and channel blocks; C = 8: one block
+    (torch.float32, (1, 3, 12, 16, 3, 6, 1, False)),  # more levels than the map halves, two analysis launches
+    (torch.float16, (3, 4, 10, 8, 7, 1, 1, True)),  # one level: no coefficient buffer at all; images in 1 group
+], ids=["bf16-L3", "fp32-L6", "fp16-L1"])
+def test_level1_on_load_changes_no_bit(dtype, shape, monkeypatch):
+    """l1_onload = 1 gives the output and every gradient bit for bit as l1_onload = 0 (level 1 analysed into a
+    buffer): the subbands are rounded to the input's dtype as the analysis stores them, and every sum runs in the
+    same order. Narrow level-1 strips and channel blocks (l1_bw 2, l1_bc 2: masked lanes) as well as the default."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    b, c, h, w, k, levels, stride, bias = shape
+    params = [p.to(dtype) if p is not None else None for p in _params(c, k, levels, bias, torch.float64)]
+    x = torch.randn(b, c, h, w, generator=torch.Generator().manual_seed(5)).to(DEVICE, dtype)
+    x = x.contiguous(memory_format=torch.channels_last)
+    got = []
+    for tuning in ({"l1_onload": 0}, {"l1_onload": 1}, {"l1_onload": 1, "l1_bw": 4, "l1_bc": 2, "wgrad_pair": 0}):
+        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, **tuning})
+        assert tk.onload_applies(x, levels, 1) == bool(tuning["l1_onload"])
+        got.append(_run(x, params, stride, "triton")[0])  # (the same dy: a fixed seed)
+    for name, a, e1, e2 in zip([n for n in NAMES if bias or n != "dbias"], *got):
+        assert torch.equal(a, e1), name
+        assert torch.equal(a, e2), name
+
+
+def test_level1_on_load_applies_where_it_can(monkeypatch):
+    """Level 1 on load needs an even map, stride 1, one chunk of images, the base convolution synthesising level 1
+    with its values a row ahead, and a map past small_max; elsewhere the pass runs as before."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 16, "l1_onload": 1})
+    x = torch.empty(2, 4, 20, 18).contiguous(memory_format=torch.channels_last)
+    assert tk.onload_applies(x, 3, 1)
+    assert not tk.onload_applies(x, 0, 1)  # no levels
+    assert not tk.onload_applies(x, 3, 2)  # strided: the output is not level 1's size
+    assert not tk.onload_applies(x[:, :, :19], 3, 1)  # odd rows
+    assert not tk.onload_applies(torch.empty(1, 4, 16, 16), 3, 1)  # a small map: one launch per pass
+    for key, value in (("l1_onload", 0), ("chunk_kb", 1), ("syn1_ahead", 0), ("conv_bw", 3), ("syn1", 0)):
+        monkeypatch.setitem(tk.TUNING, key, value)
+        assert not tk.onload_applies(x, 3, 1), key
+        monkeypatch.setitem(tk.TUNING, key, {"l1_onload": 1, "chunk_kb": 0, "syn1_ahead": 1, "conv_bw": 4,
+                                             "syn1": 1}[key])
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 20, 18, 3), (1, 2, 13, 11, 2), (2, 2, 40, 36, 7), (1, 2, 9, 7, 1)],
+                         ids=["L3", "odd-L2", "L7-two-launches", "L1"])
+def test_analysis_without_level1(shape):
+    """The analysis with ``skip1`` (level 2 made from the input, level 1 not stored) writes levels 2..L bit for
+    bit as the full analysis does, after level 1's region; for odd maps (zero extension at both levels) and
+    levels past one launch's five."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    b, c, h, w, levels = shape
+    x = torch.randn(b, c, h, w, device=DEVICE).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    dy = torch.randn_like(x)
+    start = tk._offsets(b, c, h, w, levels)[1]
+    full_x, full_dy = tk.coefficient_pair(x, dy, levels)
+    part_x, part_dy = tk.coefficient_pair(x, dy, levels, skip1=True)
+    assert part_x.numel() == full_x.numel() - start
+    assert torch.equal(part_x, full_x[start:]) and torch.equal(part_dy, full_dy[start:])

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 import os
 import threading
@@ -117,12 +118,14 @@ def _conv_kernel(
     CC: tl.constexpr, K: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
     STRIDE: tl.constexpr, HAS_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, FLIP: tl.constexpr,
     COMPUTE: tl.constexpr, SYN1: tl.constexpr, HAS_ACC2: tl.constexpr, SYN_AHEAD: tl.constexpr,
+    LV0: tl.constexpr = 0,
 ):
     """Depthwise K x K convolution, 'same' zero padding: of one map (LEVELS = 0), or of every level's subbands in
     one launch (LEVELS = L: the program finds its level). FLIP rotates the kernel by 180 degrees. SYN1 (with
     HAS_ACC, BW even): the base convolution adds level 1's inverse Haar step itself, from the filtered subbands (and
     acc_2 on their low-pass), instead of reading a synthesised acc_1: one full-resolution map less written and
-    read, a butterfly per 2 x 2 block more."""
+    read, a butterfly per 2 x 2 block more. LV0: levels 1.. of this launch are levels LV0 + 1.. of the weights (a
+    launch over levels 2..L passes level 1's map as its (H, W))."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
     pid = tl.program_id(0)
@@ -134,7 +137,7 @@ def _conv_kernel(
         n0 = (local % strips) * BW
         xb0 = x_ptr + off
         yb0 = y_ptr + off
-        wb = w_ptr + (lv - 1) * (K * K * CC)
+        wb = w_ptr + (lv - 1 + LV0) * (K * K * CC)
     else:
         h = H
         w = W
@@ -161,8 +164,8 @@ def _conv_kernel(
         # Level 1's positions under this program's column pairs (row 0): BW is even, so pairs are 2 x 2 blocks.
         w1 = (w + 1) // 2
         s1 = (b * ((h + 1) // 2) * w1 + n0 // 2) * CC
-        # SYN1 == 2 (prototype, even maps): the filtered subbands polyphase in a full-resolution map (subband s of
-        # block (r, j) at pixel (2r + s // 2, 2j + s % 2)), which may be y itself (read a row ahead, then overwritten).
+        # SYN1 == 2 (even maps): the filtered subbands polyphase in a full-resolution map (subband s of block
+        # (r, j) at pixel (2r + s // 2, 2j + s % 2), _level1_kernel's), y itself: read a row ahead, then overwritten.
         t1p = ab if SYN1 == 2 else acc_ptr + s1 * 4 + cc
         a2p = acc2_ptr + tl.cast(acc2_off, tl.int64) + s1 + cc
         rs1 = tl.cast(w1 * CC, tl.int64)
@@ -172,6 +175,88 @@ def _conv_kernel(
         rs1 = rs
     _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
                 CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, SYN_AHEAD)
+
+
+@triton.jit
+def _level1_kernel(
+    x_ptr,  # (B, H, W, C) channels-last, H and W even
+    y_ptr,  # (B, H, W, C): level 1's filtered subbands, polyphase (see below)
+    w_ptr,  # (L, K, K, 4, C): the folded level kernels (taps-major, then subband); level 1's are used
+    H, W,
+    C: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, FLIP: tl.constexpr,
+    COMPUTE: tl.constexpr,
+):
+    """Level 1's K x K convolutions with its subbands made as the input rows load, no coefficient buffer: a
+    program walks down BW of level 1's columns, loads the two full-resolution rows under each level-1 row, makes
+    the four subbands of each 2 x 2 block (rounded to x's dtype, as the analysis stores them) and feeds all four
+    subbands' rolling row accumulators, as _conv_row does (the same multiply-adds in the same order). It writes
+    subband s of block (r, j) at pixel (2r + s // 2, 2j + s % 2) of a map of x's shape ('polyphase'), which the
+    base convolution (SYN1 == 2) reads a row ahead and overwrites in place: level 1, 3/4 of a coefficient buffer,
+    needs no buffer of its own. FLIP rotates the kernels by 180 degrees (the input-gradient pass)."""
+    PAD: tl.constexpr = K // 2
+    NI: tl.constexpr = BW + K - 1
+    h1 = H // 2
+    w1 = W // 2
+    strips = (w1 + BW - 1) // BW
+    pid = tl.program_id(0)
+    b = (pid // strips).to(tl.int64)
+    j0 = (pid % strips) * BW
+    cc = tl.program_id(1) * BC + tl.arange(0, BC)
+    cmask = cc < C
+    ty = x_ptr.dtype.element_ty
+    wts = ()
+    for t in tl.static_range(K * K):
+        for s in tl.static_range(4):
+            wts = wts + (tl.load(w_ptr + (t * 4 + s) * C + cc, mask=cmask, other=0.0).to(COMPUTE),)
+    inm, outm = _column_masks(cmask, j0, w1, K, BW, 1)
+    rs = tl.cast(W * C, tl.int64)
+    xb = x_ptr + b * H * rs + cc
+    yb = y_ptr + b * H * rs + cc
+    acc = ()
+    for _ in tl.static_range(4 * K * BW):  # subband-major, then row slot, then column
+        acc = acc + (tl.zeros((BC,), dtype=COMPUTE),)
+    for r in range(0, h1 + PAD):
+        o = r - PAD
+        if r < h1:
+            top = xb + (2 * r) * rs
+            for i in tl.static_range(NI):
+                col = 2 * (j0 + (i - PAD))
+                a = tl.load(top + col * C, mask=inm[i], other=0.0).to(COMPUTE)
+                bb = tl.load(top + (col + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
+                c = tl.load(top + rs + col * C, mask=inm[i], other=0.0).to(COMPUTE)
+                d = tl.load(top + rs + (col + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
+                ab = a + bb
+                cd = c + d
+                amb = a - bb
+                cmd = c - d
+                # As _analysis_level computes and stores them.
+                v = (((ab + cd) * 0.5).to(ty).to(COMPUTE), ((ab - cd) * 0.5).to(ty).to(COMPUTE),
+                     ((amb + cmd) * 0.5).to(ty).to(COMPUTE), ((amb - cmd) * 0.5).to(ty).to(COMPUTE))
+                new = ()
+                for s in tl.static_range(4):
+                    for j in tl.static_range(K):  # slot j: output row r - PAD + j, through tap row K - 1 - j
+                        for q in tl.static_range(BW):
+                            if (i - q >= 0) and (i - q < K):
+                                if FLIP:
+                                    wv = wts[(j * K + (K - 1 - (i - q))) * 4 + s]
+                                else:
+                                    wv = wts[((K - 1 - j) * K + (i - q)) * 4 + s]
+                                new = new + (acc[(s * K + j) * BW + q] + wv * v[s],)
+                            else:
+                                new = new + (acc[(s * K + j) * BW + q],)
+                acc = new
+        if o >= 0:
+            for s in tl.static_range(4):
+                for q in tl.static_range(BW):
+                    p = yb + (2 * o + s // 2) * rs + (2 * (j0 + q) + s % 2) * C
+                    tl.store(p, acc[(s * K) * BW + q].to(y_ptr.dtype.element_ty), mask=outm[q])
+        new = ()
+        for s in tl.static_range(4):
+            for k in tl.static_range(BW, K * BW):
+                new = new + (acc[s * K * BW + k],)
+            for _ in tl.static_range(BW):
+                new = new + (tl.zeros_like(acc[0]),)
+        acc = new
 
 
 @triton.jit
@@ -417,14 +502,17 @@ def _wgrad_kernel(
     G0, GT,  # the image groups of this launch start at group G0 of a batch of GT groups (the partial rows' layout)
     CC: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
     BC: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr,
+    SKIP1: tl.constexpr = False, ONLOAD: tl.constexpr = False,
 ):
     """d w[ky, kx] = sum over positions of dy(o, n) * x(o + ky - PAD, n + kx - PAD): a program walks the x rows
     of IMGS images for BW columns, keeping the K dy rows an x row pairs with; of one map (LEVELS = 0), or of every
     level's subbands in one launch. DSUM: also the sum of dy (the bias gradient). The B images of a launch may be a
     chunk of a larger batch: each program writes the row it has in the whole batch's launch (level-major, then
-    group, then strip), so the partials and their fixed-order sum do not depend on the chunking."""
+    group, then strip), so the partials and their fixed-order sum do not depend on the chunking. SKIP1: the
+    coefficient buffers hold levels 2..L only (the launch runs their programs); ONLOAD (LEVELS = 1, CC = 4C): level
+    1's programs on the (H, W) maps x and dy themselves, each subband made as it loads (_wgrad_load)."""
     _wgrad_program(tl.program_id(0), tl.program_id(1), x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC, K, TP,
-                   LEVELS, BW, BC, DSUM, COMPUTE, UNROLL)
+                   LEVELS, BW, BC, DSUM, COMPUTE, UNROLL, SKIP1, ONLOAD)
 
 
 @triton.jit
@@ -437,10 +525,11 @@ def _wgrad_pair_kernel(
     R0,  # programs of the base (axis 0); the levels' follow
     C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
     BC0: tl.constexpr, BC: tl.constexpr,  # channels per program of the base and of the levels
-    COMPUTE: tl.constexpr, UNROLL: tl.constexpr,
+    COMPUTE: tl.constexpr, UNROLL: tl.constexpr, SKIP1: tl.constexpr = False,
 ):
     """_wgrad_kernel's two launches (the base map, every level's subbands) as one: a launch less per backward.
-    Axis 1 runs over the levels' 4C / BC channel blocks; the base's programs past its C / BC0 blocks do nothing."""
+    Axis 1 runs over the levels' 4C / BC channel blocks; the base's programs past its C / BC0 blocks do nothing.
+    SKIP1: as _wgrad_kernel's (level 1 runs in a launch of its own)."""
     pid = tl.program_id(0)
     cb = tl.program_id(1)
     NB0: tl.constexpr = (C + BC0 - 1) // BC0
@@ -448,11 +537,11 @@ def _wgrad_pair_kernel(
     if pid < R0:
         if cb < NB0:
             _wgrad_program(pid, cb, x_ptr, g_ptr, bpart_ptr, H, W, B, IMGS, G0, GT, C, K, TP, 0, BW, BC0, True,
-                           COMPUTE, UNROLL)
+                           COMPUTE, UNROLL, False, False)
     else:
         if cb < NB:
             _wgrad_program(pid - R0, cb, cx_ptr, cg_ptr, lpart_ptr, H, W, B, IMGS, G0, GT, 4 * C, K, TP, LEVELS,
-                           BW, BC, False, COMPUTE, UNROLL)
+                           BW, BC, False, COMPUTE, UNROLL, SKIP1, False)
 
 
 # noinline: the paired kernel's two walks stay separate functions, and Triton's TritonGPUCoalesce pass, quadratic
@@ -460,10 +549,16 @@ def _wgrad_pair_kernel(
 @triton.jit(noinline=True)
 def _wgrad_program(pid, cb, x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC: tl.constexpr, K: tl.constexpr,
                    TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, DSUM: tl.constexpr,
-                   COMPUTE: tl.constexpr, UNROLL: tl.constexpr):
+                   COMPUTE: tl.constexpr, UNROLL: tl.constexpr, SKIP1: tl.constexpr, ONLOAD: tl.constexpr):
     """Program ``pid`` (of its map or maps) and channel block ``cb`` of _wgrad_kernel."""
     if LEVELS > 0:
+        if SKIP1:  # level 1's programs and region are not in this launch
+            h1 = (H + 1) // 2
+            w1 = (W + 1) // 2
+            pid += _level_count(w1, B, IMGS, BW)
         lv, h, w, st, off = _level_of(pid, H, W, B, IMGS, BW, LEVELS, CC)
+        if SKIP1:
+            off -= tl.cast(B * h1 * w1, tl.int64) * CC
         local = pid - st
         first, _ = _level_rows(lv, H, W, GT * IMGS, IMGS, BW, LEVELS)
         xb0 = x_ptr + off
@@ -479,18 +574,33 @@ def _wgrad_program(pid, cb, x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC: t
     row = first + G0 * strips + local
     cc = cb * BC + tl.arange(0, BC)
     _wgrad_strip(xb0, gb0, part_ptr + row.to(tl.int64) * TP * CC + cc, h, w, (local % strips) * BW,
-                 local // strips, B, IMGS, cc, cc < CC, CC, K, BW, DSUM, COMPUTE, UNROLL)
+                 local // strips, B, IMGS, cc, cc < CC, CC, K, BW, DSUM, COMPUTE, UNROLL, ONLOAD)
 
 
 @triton.jit
 def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.constexpr, K: tl.constexpr,
-                 BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr):
+                 BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr,
+                 ONLOAD: tl.constexpr):
     """One partial row of _wgrad_kernel: BW columns from n0 of images grp * IMGS .. of an (h, w) map whose image 0
-    starts at ``xb0`` / ``gb0`` (x, dy; CC channels a pixel), into ``dst`` (the row's tap 0, at channels ``cc``)."""
+    starts at ``xb0`` / ``gb0`` (x, dy; CC channels a pixel), into ``dst`` (the row's tap 0, at channels ``cc``).
+    ONLOAD: the (h, w) map is level 1's of the (2h, 2w) maps x and dy at ``xb0`` / ``gb0`` (CC / 4 channels a
+    pixel), channel lane cc its subband cc // (CC / 4) of channel cc % (CC / 4), made as it loads."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
     inm, gm = _column_masks(cmask, n0, w, K, BW, 1)
+    # A level-1 row is two full-resolution rows of CC / 4 channels: the same row and image strides.
     rs = tl.cast(w * CC, tl.int64)
+    if ONLOAD:
+        C1: tl.constexpr = CC // 4
+        CS: tl.constexpr = 2 * C1  # a level-1 column: two full-resolution pixels
+        sub = cc // C1
+        cpart = cc % C1
+        sgn = (1.0 - 2.0 * (sub // 2), 1.0 - 2.0 * (sub % 2))  # the right and the bottom pixels' signs
+        ld = (C1, rs // 2, sgn)
+    else:
+        CS: tl.constexpr = CC
+        cpart = cc
+        ld = ()
     acc = ()
     for _ in tl.static_range(K * K):
         acc = acc + (tl.zeros(cmask.shape, dtype=COMPUTE),)
@@ -498,21 +608,22 @@ def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.conste
     for im in range(IMGS):
         bi = grp * IMGS + im
         bok = bi < B
-        xb = xb0 + bi.to(tl.int64) * h * rs + n0 * CC + cc
-        gb = gb0 + bi.to(tl.int64) * h * rs + n0 * CC + cc
+        xb = xb0 + bi.to(tl.int64) * h * rs + n0 * CS + cpart
+        gb = gb0 + bi.to(tl.int64) * h * rs + n0 * CS + cpart
         dq = ()  # dy rows r - PAD .. r + PAD, slot j * BW + q
         for _ in tl.static_range((PAD + 1) * BW):
             dq = dq + (tl.zeros(cmask.shape, dtype=COMPUTE),)
         for j in tl.static_range(PAD):
             for q in tl.static_range(BW):
-                dq = dq + (tl.load(gb + j * rs + q * CC, mask=gm[q] & bok & (j < h), other=0.0).to(COMPUTE),)
+                dq = dq + (_wgrad_load(gb + j * rs + q * CS, gm[q] & bok & (j < h), ld, ONLOAD, COMPUTE
+                                       ).to(COMPUTE),)
         # Rows r + 1 of x and r + 1 + PAD of dy are loaded while row r is computed (raw dtype).
         gn = ()
         for q in tl.static_range(BW):
-            gn = gn + (tl.load(gb + PAD * rs + q * CC, mask=gm[q] & bok & (PAD < h), other=0.0),)
+            gn = gn + (_wgrad_load(gb + PAD * rs + q * CS, gm[q] & bok & (PAD < h), ld, ONLOAD, COMPUTE),)
         xn = ()
         for i in tl.static_range(NI):
-            xn = xn + (tl.load(xb + (i - PAD) * CC, mask=inm[i] & bok & (h > 0), other=0.0),)
+            xn = xn + (_wgrad_load(xb + (i - PAD) * CS, inm[i] & bok & (h > 0), ld, ONLOAD, COMPUTE),)
         # The rows whose next x and dy rows both exist (in unrolled blocks of K with UNROLL: the K dy rows in flight
         # rotate back to where they started, so the loop carries them without register moves), then the last
         # PAD + 1 rows with the row tests.
@@ -522,10 +633,10 @@ def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.conste
             for r0 in range(0, mid, K):
                 for u in tl.static_range(K):
                     acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r0 + u, xb, gb, rs, h, inm, gm, bok,
-                                                        CC, K, BW, DSUM, COMPUTE, False)
+                                                        ld, CS, K, BW, DSUM, COMPUTE, False, ONLOAD)
         for r in range(mid, h):
             acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
-                                                CC, K, BW, DSUM, COMPUTE, True)
+                                                ld, CS, K, BW, DSUM, COMPUTE, True, ONLOAD)
     for t in tl.static_range(K * K):
         tl.store(dst + t * CC, acc[t].to(dst.dtype.element_ty), mask=cmask)
     if DSUM:
@@ -533,9 +644,9 @@ def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.conste
 
 
 @triton.jit
-def _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
-                CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr,
-                EDGE: tl.constexpr):
+def _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok, ld,
+                CS: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr,
+                EDGE: tl.constexpr, ONLOAD: tl.constexpr):
     """x row r of _wgrad_kernel: the next x and dy rows' loads, dy row r + PAD joining the K rows in flight, and
     x row r's products with each of them. EDGE: the next rows may not exist (the last PAD + 1 rows)."""
     PAD: tl.constexpr = K // 2
@@ -547,15 +658,15 @@ def _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
     gn = ()
     for q in tl.static_range(BW):
         if EDGE:
-            gn = gn + (tl.load(gb + rg * rs + q * CC, mask=gm[q] & bok & (rg < h), other=0.0),)
+            gn = gn + (_wgrad_load(gb + rg * rs + q * CS, gm[q] & bok & (rg < h), ld, ONLOAD, COMPUTE),)
         else:
-            gn = gn + (tl.load(gb + rg * rs + q * CC, mask=gm[q] & bok, other=0.0),)
+            gn = gn + (_wgrad_load(gb + rg * rs + q * CS, gm[q] & bok, ld, ONLOAD, COMPUTE),)
     xn = ()
     for i in tl.static_range(NI):
         if EDGE:
-            xn = xn + (tl.load(xb + r1 * rs + (i - PAD) * CC, mask=inm[i] & bok & (r1 < h), other=0.0),)
+            xn = xn + (_wgrad_load(xb + r1 * rs + (i - PAD) * CS, inm[i] & bok & (r1 < h), ld, ONLOAD, COMPUTE),)
         else:
-            xn = xn + (tl.load(xb + r1 * rs + (i - PAD) * CC, mask=inm[i] & bok, other=0.0),)
+            xn = xn + (_wgrad_load(xb + r1 * rs + (i - PAD) * CS, inm[i] & bok, ld, ONLOAD, COMPUTE),)
     new = ()
     for s in tl.static_range(BW, K * BW):
         new = new + (dq[s],)
@@ -579,10 +690,47 @@ def _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
 
 
 @triton.jit
+def _low_pass(src, spix: tl.constexpr, hf, wf, fr, fc, ok, ty: tl.constexpr, COMPUTE: tl.constexpr):
+    """Level 1's low-pass at positions (fr, fc) of the (hf, wf) map at ``src`` (pixel stride spix, zero outside),
+    rounded to ``ty`` as the analysis stores it, in COMPUTE."""
+    top = src + fr.to(tl.int64) * 2 * wf * spix + 2 * fc * spix
+    bot = top + wf * spix
+    mt = ok & (2 * fr < hf)
+    mb = ok & (2 * fr + 1 < hf)
+    a = tl.load(top, mask=mt & (2 * fc < wf), other=0.0).to(COMPUTE)
+    bb = tl.load(top + spix, mask=mt & (2 * fc + 1 < wf), other=0.0).to(COMPUTE)
+    c = tl.load(bot, mask=mb & (2 * fc < wf), other=0.0).to(COMPUTE)
+    d = tl.load(bot + spix, mask=mb & (2 * fc + 1 < wf), other=0.0).to(COMPUTE)
+    return (((a + bb) + (c + d)) * 0.5).to(ty).to(COMPUTE)
+
+
+@triton.jit
+def _wgrad_load(p, mask, ld, ONLOAD: tl.constexpr, COMPUTE: tl.constexpr):
+    """One value of a weight-gradient walk, in the map's dtype: loaded, or (ONLOAD; ``ld`` = (C, full-resolution
+    row stride, signs)) level 1's subband made from the 2 x 2 block at ``p`` as _analysis_level makes it (a sign
+    times a value is exact, so a + s * b is a + b or a - b bit for bit)."""
+    if ONLOAD:
+        C1 = ld[0]
+        rsf = ld[1]
+        sr = ld[2][0]
+        sb = ld[2][1]
+        a = tl.load(p, mask=mask, other=0.0).to(COMPUTE)
+        b = tl.load(p + C1, mask=mask, other=0.0).to(COMPUTE)
+        c = tl.load(p + rsf, mask=mask, other=0.0).to(COMPUTE)
+        d = tl.load(p + rsf + C1, mask=mask, other=0.0).to(COMPUTE)
+        v = ((a + sr * b) + sb * (c + sr * d)) * 0.5
+        return v.to(p.dtype.element_ty)
+    else:
+        return tl.load(p, mask=mask, other=0.0)
+
+
+@triton.jit
 def _analysis_level(src, spix: tl.constexpr, hs, ws, dst, hd, wd, b, m0, n0, cc, cmask,
-                    C: tl.constexpr, S: tl.constexpr, SW: tl.constexpr, CH: tl.constexpr, COMPUTE: tl.constexpr):
+                    C: tl.constexpr, S: tl.constexpr, SW: tl.constexpr, CH: tl.constexpr, COMPUTE: tl.constexpr,
+                    SKIP: tl.constexpr = False, hf=0, wf=0):
     """The 4 subbands of the S x SW positions from (m0, n0) of a (hd, wd) level, from its (hs, ws) finer
-    low-pass at ``src`` (pixel stride spix, zero outside), into ``dst`` (B, hd, wd, 4, C)."""
+    low-pass at ``src`` (pixel stride spix, zero outside), into ``dst`` (B, hd, wd, 4, C). SKIP: that low-pass is
+    level 1's, not stored: each of its values is made from the (hf, wf) map at ``src`` (_low_pass)."""
     for c0 in tl.static_range(0, S * SW, CH):
         s = c0 + tl.arange(0, CH)[:, None]
         m = m0 + s // SW
@@ -590,14 +738,22 @@ def _analysis_level(src, spix: tl.constexpr, hs, ws, dst, hd, wd, b, m0, n0, cc,
         fr = 2 * m
         fc = 2 * n
         ok = cmask & (s < S * SW)
-        top = src + (b * hs + fr).to(tl.int64) * ws * spix + fc * spix
-        bot = top + ws * spix
         mt = ok & (fr < hs)
         mb = ok & (fr + 1 < hs)
-        a = tl.load(top, mask=mt & (fc < ws), other=0.0).to(COMPUTE)
-        bb = tl.load(top + spix, mask=mt & (fc + 1 < ws), other=0.0).to(COMPUTE)
-        c = tl.load(bot, mask=mb & (fc < ws), other=0.0).to(COMPUTE)
-        d = tl.load(bot + spix, mask=mb & (fc + 1 < ws), other=0.0).to(COMPUTE)
+        if SKIP:
+            ty = dst.dtype.element_ty
+            img = src + (b * hf).to(tl.int64) * wf * spix
+            a = _low_pass(img, spix, hf, wf, fr, fc, mt & (fc < ws), ty, COMPUTE)
+            bb = _low_pass(img, spix, hf, wf, fr, fc + 1, mt & (fc + 1 < ws), ty, COMPUTE)
+            c = _low_pass(img, spix, hf, wf, fr + 1, fc, mb & (fc < ws), ty, COMPUTE)
+            d = _low_pass(img, spix, hf, wf, fr + 1, fc + 1, mb & (fc + 1 < ws), ty, COMPUTE)
+        else:
+            top = src + (b * hs + fr).to(tl.int64) * ws * spix + fc * spix
+            bot = top + ws * spix
+            a = tl.load(top, mask=mt & (fc < ws), other=0.0).to(COMPUTE)
+            bb = tl.load(top + spix, mask=mt & (fc + 1 < ws), other=0.0).to(COMPUTE)
+            c = tl.load(bot, mask=mb & (fc < ws), other=0.0).to(COMPUTE)
+            d = tl.load(bot + spix, mask=mb & (fc + 1 < ws), other=0.0).to(COMPUTE)
         ab = a + bb
         cd = c + d
         amb = a - bb
@@ -628,10 +784,12 @@ def _analysis_kernel(
     src_off, coef_off,  # element offsets of the source map and of the first level this launch writes
     H0, W0, B, PATCHES_W, PATCHES,
     C: tl.constexpr, SRC_PIX: tl.constexpr, NL: tl.constexpr, M: tl.constexpr, BC: tl.constexpr,
-    CHUNK: tl.constexpr, COMPUTE: tl.constexpr,
+    CHUNK: tl.constexpr, COMPUTE: tl.constexpr, SKIP1: tl.constexpr = False,
 ):
     """NL levels of a 2^NL x M*2^NL patch of the source: each level from the low-pass this program just wrote.
-    The grid's third axis picks the map (the backward analyses x and dy in one launch)."""
+    The grid's third axis picks the map (the backward analyses x and dy in one launch). SKIP1: the source is the
+    (H0, W0) input and the first level written is level 2, its low-pass source (level 1's) made as it loads:
+    level 1 itself is not stored (its convolutions build it on load, _level1_kernel)."""
     if tl.program_id(2) == 1:
         src_ptr = src2_ptr
         coef_ptr = coef2_ptr
@@ -641,11 +799,14 @@ def _analysis_kernel(
     coef_ptr += tl.cast(coef_off, tl.int64)
     hs = H0
     ws = W0
+    if SKIP1:
+        hs = (H0 + 1) // 2
+        ws = (W0 + 1) // 2
     hd = (hs + 1) // 2
     wd = (ws + 1) // 2
     _analysis_level(src_ptr + cc, SRC_PIX, hs, ws, coef_ptr + cc, hd, wd, b, py << (NL - 1),
                     (px * M) << (NL - 1), cc, cmask, C, 1 << (NL - 1), M << (NL - 1),
-                    CHUNK if CHUNK < (M << (2 * NL - 2)) else (M << (2 * NL - 2)), COMPUTE)
+                    CHUNK if CHUNK < (M << (2 * NL - 2)) else (M << (2 * NL - 2)), COMPUTE, SKIP1, H0, W0)
     off = tl.cast(B * hd * wd, tl.int64) * (4 * C)
     for j in tl.static_range(1, NL):
         tl.debug_barrier()  # the finer level's low-pass, written by this program, is read back next
@@ -946,10 +1107,19 @@ TUNING: dict[str, int] = {
     # (profile_layer.py --tuning, session 25, one run), 8 against 32 channels: 0.014 / 0.010 / 0.009 / 0.012 ms
     # against 0.052 / 0.029 / 0.019 / 0.020 at 56 / 28 / 14 / 7 (32 left 3 x 21 programs at 56 x 56, latency-bound).
     "pgrad_bc": 8,
+    # l1_onload = 1: level 1's convolutions and weight gradients make its subbands from the input as it loads
+    # (_level1_kernel, _wgrad_load) and the analysis stores levels 2..L only; level 1's filtered subbands go
+    # polyphase into the output's own buffer, which the base convolution overwrites in place (even maps, stride 1,
+    # one chunk, syn1 with syn1_ahead, not in a traced triton_op body: else the pass is as before). The layer's
+    # workspace drops from 8/3 of its input to about 2/3 (levels 2..L of x and dy). l1_bw / l1_bc / l1_warps:
+    # _level1_kernel's columns, channels and warps per program (H100, session 42, proto_level1.py: 2 / 32 / 1 at
+    # 0.92x the analysis + level convolution it replaces at 56 x 56, 0.98-0.99x at 28 x 28).
+    "l1_onload": 1, "l1_bw": 2, "l1_bc": 32, "l1_warps": 1,
 }
-_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2}  # 0 .. the value, not sizes
+_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1}  # 0 .. the value, not sizes
 _ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc")  # 0 turns the path off (conv_base_bc: the rule)
-_POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc")
+_POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
+              "l1_bc")
 
 def _tuning_from_env() -> None:
     path = os.environ.get("WTCONVNEXT_TUNING")
@@ -998,6 +1168,7 @@ def _pow2(n: int) -> int:
 # WTCONVNEXT_FAST_LAUNCH=0 (read at import) keeps every launch on Triton's path.
 _FAST_LAUNCH = os.environ.get("WTCONVNEXT_FAST_LAUNCH", "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
 _COMPILED: dict[tuple, object] = {}
+_CONST_DEFAULTS: dict[int, dict[str, object]] = {}
 _CONST_NAMES: dict[int, tuple[str, ...]] = {}
 _MAX_KEPT = 4096  # ints are keyed by value: bound the cache for workloads of ever-new shapes
 
@@ -1154,10 +1325,15 @@ def kept_key(fn: Any, args: tuple, warps: int, consts: dict[str, object], device
     if tuple(consts) == names:  # the launchers pass them in the kernel's order: no reordering
         cvals = tuple(consts.values())
     else:
+        defaults = _CONST_DEFAULTS.get(fid)
+        if defaults is None:  # constexprs with a default value (paths that most launches leave off)
+            params = inspect.signature(fn.fn).parameters
+            defaults = _CONST_DEFAULTS[fid] = {n: params[n].default for n in names
+                                               if params[n].default is not inspect.Parameter.empty}
         try:
-            if len(consts) != len(names):
+            if not set(consts) <= set(names):
                 raise KeyError
-            cvals = tuple(consts[n] for n in names)
+            cvals = tuple(consts[n] if n in consts else defaults[n] for n in names)
         except KeyError:
             raise TypeError(
                 f"{fn.__name__}: launch passes constexprs {sorted(consts)}, kernel has {sorted(names)}") from None
@@ -1261,19 +1437,25 @@ def coefficients(x: Tensor, levels: int) -> Tensor:
     return _analyse((x,), levels)[0]
 
 
-def coefficient_pair(a: Tensor, b: Tensor, levels: int) -> tuple[Tensor, Tensor]:
-    """:func:`coefficients` of two maps of one shape and dtype (the backward's x and dy), in the launches of one."""
+def coefficient_pair(a: Tensor, b: Tensor, levels: int, skip1: bool = False) -> tuple[Tensor, Tensor]:
+    """:func:`coefficients` of two maps of one shape and dtype (the backward's x and dy), in the launches of one;
+    ``skip1``: levels 2..L only (see :func:`onload_applies`)."""
     if a.shape != b.shape or a.dtype != b.dtype:
-        return coefficients(a, levels), coefficients(b, levels)
-    return _analyse((a, b), levels)
+        return _analyse((a,), levels, skip1)[0], _analyse((b,), levels, skip1)[0]
+    return _analyse((a, b), levels, skip1)
 
 
-def _analyse(maps: tuple[Tensor, ...], levels: int) -> tuple[Tensor, ...]:
+def _analyse(maps: tuple[Tensor, ...], levels: int, skip1: bool = False) -> tuple[Tensor, ...]:
+    """The coefficient buffers of ``maps``; ``skip1``: of levels 2..L only (level 1's region left out, the others
+    where they would be, shifted by its size), level 1 made on the fly from the maps."""
     _check_cl(*maps)
     bsz, ch, h, w = maps[0].shape
     sizes = level_sizes(h, w, levels)
     offs = _offsets(bsz, ch, h, w, levels)
-    bufs = tuple(_plan.empty((offs[-1],), m.dtype, m.device) for m in maps)
+    base = offs[1] if skip1 else 0
+    bufs = tuple(_plan.empty((offs[-1] - base,), m.dtype, m.device) for m in maps)
+    if skip1 and levels < 2:
+        return bufs
     # The second map's buffer, which only programs (., ., 1) write; with one map a one-element stand-in, never the
     # first buffer again. Every written argument of a launch gets a buffer of its own: torch's analysis of a traced
     # launch counts both pointers as written (the kernel picks one at run time), and a functional kernel call writes
@@ -1282,17 +1464,19 @@ def _analyse(maps: tuple[Tensor, ...], levels: int) -> tuple[Tensor, ...]:
     dst2 = bufs[-1] if len(maps) > 1 else _plan.empty((1,), maps[0].dtype, maps[0].device)
     bc = _block_c(ch, TUNING["patch_bc"])
     srcs, src_off, pix = maps, 0, ch
-    for first, nl in _chunks(levels):
+    for first, nl in _chunks(levels, 2 if skip1 else 1):
         m, pw, patches = _patches(*sizes[first], nl, TUNING["patch_chunk"])
+        skip = skip1 and first == 2
+        src_size = sizes[0] if skip else sizes[first - 1]
         _launch(
             _analysis_kernel, (bsz * patches, _cdiv(ch, bc), len(maps)),
-            (srcs[0], bufs[0], srcs[-1], dst2, src_off, offs[first - 1], sizes[first - 1][0],
-             sizes[first - 1][1], bsz, pw, patches),
+            (srcs[0], bufs[0], srcs[-1], dst2, src_off, offs[first - 1] - base, src_size[0], src_size[1], bsz,
+             pw, patches),
             TUNING["patch_warps"], C=ch, SRC_PIX=pix, NL=nl, M=m, BC=bc, CHUNK=TUNING["patch_chunk"],
-            COMPUTE=_compute_dtype(maps[0].dtype),
+            COMPUTE=_compute_dtype(maps[0].dtype), SKIP1=skip,
         )
         # The next launch starts from this one's coarsest level.
-        srcs, src_off, pix = bufs, offs[first + nl - 2], 4 * ch
+        srcs, src_off, pix = bufs, offs[first + nl - 2] - base, 4 * ch
     return bufs
 
 
@@ -1331,7 +1515,8 @@ def wtconv_forward(
     """The WTConv of the channels-last ``x`` into the channels-last ``out`` (B, C, ceil(H/stride), ceil(W/stride)).
 
     Weights from :func:`folded_weights`; ``flip`` rotates every kernel by 180 degrees (the input-gradient pass).
-    ``coef``: x's :func:`coefficients` when already computed; it is overwritten (the synthesis reuses it).
+    ``coef``: x's :func:`coefficients` when already computed (levels 2..L only where :func:`onload_applies`); it
+    is overwritten (the synthesis reuses it).
     """
     _check_cl(x, out)
     bsz, ch, h, w = x.shape
@@ -1340,6 +1525,9 @@ def wtconv_forward(
     syn1 = _pass_syn1()
     if small_applies(x, levels):
         _small_pass(x, out, base_w, base_b, level_w, stride, flip, coef)
+        return out
+    if onload_applies(x, levels, stride):
+        _onload_pass(x, out, base_w, base_b, level_w, flip, coef)
         return out
     acc: Optional[Tensor] = None
     acc2: Optional[Tensor] = None
@@ -1370,6 +1558,47 @@ def wtconv_forward(
                  k, 0, stride, acc is not None, base_b is not None, flip, syn1=syn1 and acc is not None, acc2=acc2,
                  acc2_off=acc2_off)
     return out
+
+
+def onload_applies(x: Tensor, levels: int, stride: int) -> bool:
+    """Whether a multi-launch pass over ``x`` (and its backward) makes level 1 on load (TUNING l1_onload): then
+    its coefficient buffers hold levels 2..L only (:func:`coefficient_pair` with ``skip1``)."""
+    return (bool(TUNING["l1_onload"]) and levels > 0 and stride == 1 and x.shape[-2] % 2 == 0
+            and x.shape[-1] % 2 == 0 and _pass_syn1() and bool(TUNING["syn1_ahead"]) and not TUNING["chunk_kb"]
+            and not _TRACED.on and not small_applies(x, levels))
+
+
+def _onload_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor], level_w: Tensor, flip: bool,
+                 coef: Optional[Tensor]) -> None:
+    """:func:`wtconv_forward` with level 1 on load: levels 2..L as before (their filtered subbands in ``out``'s
+    buffer, dead until level 1 writes it), acc_2 into level 2's region of ``coef``; level 1's filtered subbands
+    polyphase into ``out`` (_level1_kernel); the base convolution reads them a row ahead and overwrites them."""
+    bsz, ch, h, w = x.shape
+    levels, k = level_w.shape[0], base_w.shape[0]
+    acc2: Optional[Tensor] = None
+    if levels > 1:
+        if coef is None:
+            coef = _analyse((x,), levels, skip1=True)[0]
+        sizes = level_sizes(h, w, levels)
+        offs = _offsets(bsz, ch, h, w, levels)
+        filt = _plan.view(out, coef.shape, (1,))  # levels 2..L: at most a third of out's elements
+        _conv_launch(coef, coef, filt, level_w, level_w, *sizes[1], bsz, 4 * ch, k, levels - 1, 1, False, False,
+                     flip, lv0=1)
+        pbc = _block_c(ch, TUNING["patch_bc"])
+        for first, nl in reversed(_chunks(levels, 2)):  # coarse to fine, acc_2 last
+            m, pw, patches = _patches(*sizes[first], nl, TUNING["patch_chunk"])
+            _launch(
+                _synthesis_kernel, (bsz * patches, _cdiv(ch, pbc)),
+                (filt, coef, offs[first - 1] - offs[1], sizes[first - 1][0], sizes[first - 1][1], bsz, pw, patches),
+                TUNING["patch_warps"], C=ch, NL=nl, M=m, HAS_ACC=first + nl <= levels, BC=pbc,
+                CHUNK=TUNING["patch_chunk"], COMPUTE=_compute_dtype(x.dtype),
+            )
+        acc2 = coef
+    bw, bc = TUNING["l1_bw"], _block_c(ch, TUNING["l1_bc"])
+    _launch(_level1_kernel, (bsz * _cdiv(w // 2, bw), _cdiv(ch, bc)), (x, out, level_w, h, w), TUNING["l1_warps"],
+            C=ch, K=k, BW=bw, BC=bc, FLIP=flip, COMPUTE=_compute_dtype(x.dtype))
+    _conv_launch(x, out, out, base_w, base_w if base_b is None else base_b, h, w, bsz, ch, k, 0, 1, True,
+                 base_b is not None, flip, syn1=2, acc2=acc2)
 
 
 def _pass_syn1() -> bool:
@@ -1431,11 +1660,12 @@ def _small_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor]
 
 
 def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h: int, w: int, bsz: int, cc: int,
-                 k: int, levels: int, stride: int, has_acc: bool, has_bias: bool, flip: bool, syn1: bool = False,
-                 acc2: Optional[Tensor] = None, acc2_off: int = 0) -> None:
-    """One launch of the depthwise convolutions (``levels`` = 0: the base map; else every level's subbands).
-    ``syn1``: ``acc`` is level 1's filtered subbands and ``acc2`` (from element ``acc2_off``, when given) acc_2,
-    synthesised into the base convolution's output (with an even strip width)."""
+                 k: int, levels: int, stride: int, has_acc: bool, has_bias: bool, flip: bool, syn1: int = 0,
+                 acc2: Optional[Tensor] = None, acc2_off: int = 0, lv0: int = 0) -> None:
+    """One launch of the depthwise convolutions (``levels`` = 0: the base map; else every level's subbands, of
+    weight levels ``lv0`` + 1.. over the (h, w) map that the first of them halves). ``syn1``: ``acc`` is level 1's
+    filtered subbands (2: polyphase, _level1_kernel's) and ``acc2`` (from element ``acc2_off``, when given)
+    acc_2, synthesised into the base convolution's output (with an even strip width)."""
     bw = TUNING["conv_bw"]
     bc = conv_block_c(cc, levels)
     programs = _level_programs(h, w, levels, bw, bsz) if levels else bsz * _cdiv(w, bw)
@@ -1443,21 +1673,23 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
         _conv_kernel, (programs, _cdiv(cc, bc)),
         (x, acc, x if acc2 is None else acc2, y, wts, bias, acc2_off, h, w, bsz), TUNING["conv_warps"],
         CC=cc, K=k, LEVELS=levels, BW=bw, BC=bc, STRIDE=stride, HAS_ACC=has_acc, HAS_BIAS=has_bias, FLIP=flip,
-        COMPUTE=_compute_dtype(x.dtype), SYN1=syn1, HAS_ACC2=acc2 is not None,
-        SYN_AHEAD=TUNING["syn1_ahead"] if syn1 else 0,
+        COMPUTE=_compute_dtype(x.dtype), SYN1=int(syn1), HAS_ACC2=acc2 is not None,
+        SYN_AHEAD=TUNING["syn1_ahead"] if syn1 else 0, LV0=lv0,
     )
 
 
 def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Optional[Tensor], k: int,
                     levels: int, parts: Optional[tuple[Tensor, Tensor]] = None, first: int = 0,
-                    batch: Optional[int] = None) -> tuple[Tensor, Tensor]:
+                    batch: Optional[int] = None, onload: bool = False) -> tuple[Tensor, Tensor]:
     """Per-program partial correlations of the weight gradients (w.r.t. the folded weights), for
     :func:`param_grads`: the base's of x and dy (with dy's sum in lane K*K), and every level's of the two
     coefficient buffers, in one launch each (both in one with TUNING wgrad_pair).
 
     x and dy may be images ``first`` .. of a batch of ``batch`` (one of :func:`batch_chunks`' ranges): their rows
     are then written into ``parts`` (this function's result for an earlier chunk of the batch; allocated for the
-    whole batch when None) where the whole batch's launch would write them, so the sums are bitwise the same."""
+    whole batch when None) where the whole batch's launch would write them, so the sums are bitwise the same.
+    ``onload``: the coefficient buffers hold levels 2..L only and level 1's partials are made from x and dy (its
+    subbands built as they load, one launch of its own), the same rows bit for bit."""
     _check_cl(x, dy)
     bsz, ch, h, w = x.shape
     bw, warps, imgs = TUNING["wgrad_bw"], TUNING["wgrad_warps"], TUNING["wgrad_imgs"]
@@ -1479,6 +1711,20 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     spans = (first // imgs, groups)
     r0 = _cdiv(bsz, imgs) * _cdiv(w, bw)
     lbc = _block_c(4 * ch, TUNING["wgrad_bc"])
+    if levels and onload:
+        _launch(
+            _wgrad_kernel, (_level_programs(h, w, 1, bw, _cdiv(bsz, imgs)), _cdiv(4 * ch, lbc)),
+            (x, dy, lev, h, w, bsz, imgs, *spans), warps,
+            CC=4 * ch, K=k, TP=tp, LEVELS=1, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute, UNROLL=unroll, ONLOAD=True,
+        )
+        if levels == 1:  # the base's partials alone
+            _launch(
+                _wgrad_kernel, (r0, _cdiv(ch, bc)), (x, dy, base, h, w, bsz, imgs, *spans),
+                warps, CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll,
+            )
+            return base, lev
+    # Levels 2..L's programs, where level 1's were launched above.
+    skip = _level_programs(h, w, 1, bw, _cdiv(bsz, imgs)) if levels and onload else 0
     # Not in a traced (triton_op) body: Inductor re-emits a user kernel's helper functions with a plain
     # @triton.jit, dropping _wgrad_program's noinline, so the pair would compile as one function (89 s for sm_90
     # on the CPU machine, four of them per WTConvNeXt) where two launches compile in parallel workers; the launch
@@ -1486,9 +1732,10 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     if levels and TUNING["wgrad_pair"] and not _TRACED.on:
         _launch(
             _wgrad_pair_kernel,
-            (r0 + _level_programs(h, w, levels, bw, _cdiv(bsz, imgs)), max(_cdiv(ch, bc), _cdiv(4 * ch, lbc))),
+            (r0 + _level_programs(h, w, levels, bw, _cdiv(bsz, imgs)) - skip,
+             max(_cdiv(ch, bc), _cdiv(4 * ch, lbc))),
             (x, dy, base, coef_x, coef_dy, lev, h, w, bsz, imgs, *spans, r0), warps,
-            C=ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC0=bc, BC=lbc, COMPUTE=compute, UNROLL=unroll,
+            C=ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC0=bc, BC=lbc, COMPUTE=compute, UNROLL=unroll, SKIP1=skip > 0,
         )
         return base, lev
     _launch(
@@ -1498,9 +1745,10 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     if not levels:
         return base, base
     _launch(
-        _wgrad_kernel, (_level_programs(h, w, levels, bw, _cdiv(bsz, imgs)), _cdiv(4 * ch, lbc)),
+        _wgrad_kernel, (_level_programs(h, w, levels, bw, _cdiv(bsz, imgs)) - skip, _cdiv(4 * ch, lbc)),
         (coef_x, coef_dy, lev, h, w, bsz, imgs, *spans), warps,
         CC=4 * ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute, UNROLL=unroll,
+        SKIP1=skip > 0,
     )
     return base, lev
 

@@ -70,8 +70,8 @@ if TRITON_AVAILABLE:
     from . import compile_ahead as _ahead
     from . import launch_plan as _plan
     from . import triton_kernels as _tk
-    from .triton_kernels import (batch_chunks, coefficient_pair, folded_weights, input_grad_buffer, param_grads,
-                                 weight_partials, wtconv_forward)
+    from .triton_kernels import (batch_chunks, coefficient_pair, folded_weights, input_grad_buffer, onload_applies,
+                                 param_grads, weight_partials, wtconv_forward)
 
     def _planned(core, inputs: tuple, *consts, sig: Optional[tuple] = None, training: bool = False
                  ) -> tuple[tuple, Optional[tuple]]:
@@ -142,10 +142,12 @@ if TRITON_AVAILABLE:
         # input-gradient pass overwrites them; x's coefficients are recomputed here rather than kept from the
         # forward. The partials are summed once the last chunk's are in, and freed before the last input gradient.
         chunks = batch_chunks(xc, levels)
+        # Level 1 made on load (one chunk): the coefficient buffers hold levels 2..L only.
+        onload = onload_applies(xc, levels, 1)
         for i, (b0, b1) in enumerate(chunks):
             xs, dys = _images(xc, b0, b1), _images(dy, b0, b1)
-            coef_dy, coef_x = coefficient_pair(dys, xs, levels) if levels else (None, None)
-            parts = weight_partials(xs, dys, coef_x, coef_dy, k, levels, parts, b0, bsz)
+            coef_dy, coef_x = coefficient_pair(dys, xs, levels, onload) if levels else (None, None)
+            parts = weight_partials(xs, dys, coef_x, coef_dy, k, levels, parts, b0, bsz, onload)
             del coef_x
             if i == len(chunks) - 1:
                 grads = param_grads(parts, tuple(xc.shape), weight, bias, base_scale, wavelet_weight, wavelet_scale,
@@ -153,7 +155,7 @@ if TRITON_AVAILABLE:
                 parts = None
             if dx is None:
                 # One chunk: dy's coefficient buffer where the pass allows (input_grad_buffer), else a new map.
-                dx = (input_grad_buffer(dys, coef_dy, levels) if len(chunks) == 1
+                dx = (input_grad_buffer(dys, coef_dy, levels) if len(chunks) == 1 and not onload
                       else _plan.empty(tuple(xc.shape), xc.dtype, xc.device, torch.channels_last))
             # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
             wtconv_forward(dys, _images(dx, b0, b1), base_w, None, level_w, 1, flip=True, coef=coef_dy)
