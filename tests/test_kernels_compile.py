@@ -66,6 +66,7 @@ def _cases():
         yield tk._wgrad_kernel, dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32), \
             dict(H=1, W=1, B=1, IMGS=1, G0=1, GT=1, CC=96, K=5, TP=32, LEVELS=levels, BW=7, BC=32, DSUM=True,
                  COMPUTE=fp, UNROLL=levels == 0)
+    yield from _onload_cases()
     params = dict(w_ptr=f32, b_ptr=f32, bs_ptr=f32, ww_ptr=f32, ws_ptr=f32)
     grads = dict(dw_ptr=f32, db_ptr=f32, dbs_ptr=f32, dww_ptr=f32, dws_ptr=f32)
     ints = dict(R0=i32, H=i32, W=i32, B=i32, IMGS=i32)
@@ -80,6 +81,35 @@ def _cases():
     yield tk._param_grads_kernel, dict(bpart_ptr=f32, lpart_ptr=f32, **{k: bf16 for k in [*params, *grads]}, **ints), \
         dict(C=96, K=5, TP=64, LEVELS=2, BW=7, HAS_BIAS=False, BLOCK_C=32, COMPUTE=fp, ROUND=None, RB=8)
     yield from _small_cases()
+
+
+def _onload_cases():
+    """TUNING l1_onload's specialisations: level 1 on load (forward and rotated), the analysis from level 2, the
+    level convolutions from level 2, the in-place base convolution (SYN1 == 2) and the weight-gradient walks of
+    level 1 on load and of levels 2.. (alone and paired with the base's)."""
+    import triton.language as tl
+
+    from wtconvnext.ops import triton_kernels as tk
+
+    f32, bf16, i32, fp = "*fp32", "*bf16", "i32", tl.float32
+    for k, flip in ((5, False), (7, True), (3, False)):
+        yield tk._level1_kernel, dict(x_ptr=bf16, y_ptr=bf16, w_ptr=f32, H=i32, W=i32), \
+            dict(C=96, K=k, BW=2, BC=32, FLIP=flip, COMPUTE=fp)
+    yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16, src2_ptr=bf16, coef2_ptr=bf16, src_off=i32,
+                                    coef_off="i64", H0=i32, W0=i32, B=i32, PATCHES_W=i32, PATCHES=i32), \
+        dict(C=96, SRC_PIX=96, NL=4, M=1, BC=32, CHUNK=64, COMPUTE=fp, SKIP1=True)
+    conv = dict(x_ptr=bf16, acc_ptr=bf16, acc2_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32, W=i32,
+                B=i32)
+    yield tk._conv_kernel, conv, dict(CC=384, K=5, LEVELS=4, BW=4, BC=64, STRIDE=1, HAS_ACC=False, HAS_BIAS=False,
+                                      FLIP=False, COMPUTE=fp, SYN1=False, HAS_ACC2=False, SYN_AHEAD=0, LV0=1)
+    for acc2, bias in ((True, True), (False, False)):
+        yield tk._conv_kernel, conv, dict(CC=96, K=5, LEVELS=0, BW=4, BC=64, STRIDE=1, HAS_ACC=True, HAS_BIAS=bias,
+                                          FLIP=not bias, COMPUTE=fp, SYN1=2, HAS_ACC2=acc2, SYN_AHEAD=1, LV0=0)
+    wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
+    yield tk._wgrad_kernel, wg, dict(CC=384, K=5, TP=32, LEVELS=1, BW=7, BC=64, DSUM=False, COMPUTE=fp,
+                                     UNROLL=False, SKIP1=False, ONLOAD=True)
+    yield tk._wgrad_kernel, wg, dict(CC=384, K=3, TP=16, LEVELS=4, BW=7, BC=64, DSUM=False, COMPUTE=fp,
+                                     UNROLL=False, SKIP1=True, ONLOAD=False)
 
 
 def _small_cases():

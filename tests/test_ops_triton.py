@@ -815,6 +815,11 @@ def test_level1_on_load_applies_where_it_can(monkeypatch):
     assert not tk.onload_applies(x, 3, 2)  # strided: the output is not level 1's size
     assert not tk.onload_applies(x[:, :, :19], 3, 1)  # odd rows
     assert not tk.onload_applies(torch.empty(1, 4, 16, 16), 3, 1)  # a small map: one launch per pass
+    monkeypatch.setitem(tk.TUNING, "small_max", 0)
+    assert tk.onload_applies(torch.empty(1, 4, 4, 4), 2, 1)
+    # Levels 2..6 of a 4 x 4 map (1 x 1 each, 4 subbands: 20 values a channel) would not fit in it (16).
+    assert not tk.onload_applies(torch.empty(1, 4, 4, 4), 6, 1)
+    monkeypatch.setitem(tk.TUNING, "small_max", 16)
     for key, value in (("l1_onload", 0), ("chunk_kb", 1), ("syn1_ahead", 0), ("conv_bw", 3), ("syn1", 0)):
         monkeypatch.setitem(tk.TUNING, key, value)
         assert not tk.onload_applies(x, 3, 1), key

@@ -1563,9 +1563,12 @@ def wtconv_forward(
 def onload_applies(x: Tensor, levels: int, stride: int) -> bool:
     """Whether a multi-launch pass over ``x`` (and its backward) makes level 1 on load (TUNING l1_onload): then
     its coefficient buffers hold levels 2..L only (:func:`coefficient_pair` with ``skip1``)."""
-    return (bool(TUNING["l1_onload"]) and levels > 0 and stride == 1 and x.shape[-2] % 2 == 0
-            and x.shape[-1] % 2 == 0 and _pass_syn1() and bool(TUNING["syn1_ahead"]) and not TUNING["chunk_kb"]
-            and not _TRACED.on and not small_applies(x, levels))
+    bsz, ch, h, w = x.shape
+    # Levels 2..L's filtered subbands wait in the output's buffer: they must fit (a map that more levels than it
+    # halves leave 1 x 1 may not).
+    return (bool(TUNING["l1_onload"]) and levels > 0 and stride == 1 and h % 2 == 0 and w % 2 == 0
+            and _pass_syn1() and bool(TUNING["syn1_ahead"]) and not TUNING["chunk_kb"] and not _TRACED.on
+            and not small_applies(x, levels) and _offsets(bsz, ch, h, w, levels)[-1] <= 2 * bsz * ch * h * w)
 
 
 def _onload_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor], level_w: Tensor, flip: bool,
