@@ -118,6 +118,10 @@ def compile_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, Any],
 def _sm90_source(fn: Any, signature: dict[str, str], constexprs: dict[str, Any]) -> Any:
     from triton.compiler import ASTSource
 
+    from wtconvnext.ops.triton_kernels import param_defaults
+
+    # Constexprs left out take the kernel's defaults, as a launch's do.
+    constexprs = {**{n: v for n, v in param_defaults(fn).items() if n not in signature}, **constexprs}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in signature.items() if t.startswith("*")}
     return ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}}, constexprs=constexprs,
                      attrs=attrs)

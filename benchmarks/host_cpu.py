@@ -80,7 +80,7 @@ class _StandInKernel:
     """Stands in for a ``@triton.jit`` kernel: its parameter names, and a first launch that "compiles" it."""
 
     def __init__(self, fn: Any) -> None:
-        self.arg_names, self.__name__, self.fn = fn.arg_names, fn.__name__, fn.fn
+        self.arg_names, self.__name__, self.fn = fn.arg_names, fn.__name__, fn.fn  # (its defaults)
 
     def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., _NoOpCompiled]:
         return lambda *args, **kwargs: _NoOpCompiled()

@@ -1315,6 +1315,15 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
         _record(rec, kernel, grid, (*args, *cvals), runner)
 
 
+def param_defaults(fn: Any) -> dict[str, object]:
+    """The default values of a ``@triton.jit`` kernel's parameters that have one (constexprs of paths that most
+    launches leave off); {} for a stand-in without the Python function."""
+    py = getattr(fn, "fn", None)
+    if py is None:
+        return {}
+    return {n: p.default for n, p in inspect.signature(py).parameters.items() if p.default is not inspect.Parameter.empty}
+
+
 def kept_key(fn: Any, args: tuple, warps: int, consts: dict[str, object], device: int) -> tuple[tuple, tuple]:
     """(the key a launch's compiled kernel is kept under in _COMPILED, the constexpr values in parameter order)."""
     fid = id(fn)
@@ -1326,10 +1335,8 @@ def kept_key(fn: Any, args: tuple, warps: int, consts: dict[str, object], device
         cvals = tuple(consts.values())
     else:
         defaults = _CONST_DEFAULTS.get(fid)
-        if defaults is None:  # constexprs with a default value (paths that most launches leave off)
-            params = inspect.signature(fn.fn).parameters
-            defaults = _CONST_DEFAULTS[fid] = {n: params[n].default for n in names
-                                               if params[n].default is not inspect.Parameter.empty}
+        if defaults is None:
+            defaults = _CONST_DEFAULTS[fid] = param_defaults(fn)
         try:
             if not set(consts) <= set(names):
                 raise KeyError
