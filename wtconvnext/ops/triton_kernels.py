@@ -1280,6 +1280,9 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
 
         # The channels-last buffers' allocations rather than their views (launch_plan.empty says why).
         args = tuple(_plan.base_of(a) if isinstance(a, torch.Tensor) else a for a in args)
+        # Every parameter by value, defaults too: torch's analysis of which arguments a kernel writes needs them
+        # all (else it counts every argument as written, and a tensor passed twice fails the trace).
+        consts = {**{n: v for n, v in _defaults(fn).items() if n not in consts}, **consts}
         wrap_triton(fn)[grid](*args, **consts, num_warps=warps)
         return
     if _COLLECT.launches is not None:
@@ -1315,6 +1318,14 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
         _record(rec, kernel, grid, (*args, *cvals), runner)
 
 
+def _defaults(fn: Any) -> dict[str, object]:
+    """:func:`param_defaults`, kept per kernel (by id: a JITFunction hashes through a locked property)."""
+    found = _CONST_DEFAULTS.get(id(fn))
+    if found is None:
+        found = _CONST_DEFAULTS[id(fn)] = param_defaults(fn)
+    return found
+
+
 def param_defaults(fn: Any) -> dict[str, object]:
     """The default values of a ``@triton.jit`` kernel's parameters that have one (constexprs of paths that most
     launches leave off); {} for a stand-in without the Python function."""
@@ -1334,9 +1345,7 @@ def kept_key(fn: Any, args: tuple, warps: int, consts: dict[str, object], device
     if tuple(consts) == names:  # the launchers pass them in the kernel's order: no reordering
         cvals = tuple(consts.values())
     else:
-        defaults = _CONST_DEFAULTS.get(fid)
-        if defaults is None:
-            defaults = _CONST_DEFAULTS[fid] = param_defaults(fn)
+        defaults = _defaults(fn)
         try:
             if not set(consts) <= set(names):
                 raise KeyError
