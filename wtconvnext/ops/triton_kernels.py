@@ -1731,10 +1731,12 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     r0 = _cdiv(bsz, imgs) * _cdiv(w, bw)
     lbc = _block_c(4 * ch, TUNING["wgrad_bc"])
     if levels and onload:
+        # Rows one at a time: unrolled in blocks of K, four loads a value made the walk compile for more than six
+        # minutes for sm_90 (triton 3.8 on the CPU machine; two H100 calls' compiles did not finish), against 25 s.
         _launch(
             _wgrad_kernel, (_level_programs(h, w, 1, bw, _cdiv(bsz, imgs)), _cdiv(4 * ch, lbc)),
             (x, dy, lev, h, w, bsz, imgs, *spans), warps,
-            CC=4 * ch, K=k, TP=tp, LEVELS=1, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute, UNROLL=unroll, ONLOAD=True,
+            CC=4 * ch, K=k, TP=tp, LEVELS=1, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute, UNROLL=False, ONLOAD=True,
         )
         if levels == 1:  # the base's partials alone
             _launch(
