@@ -66,8 +66,14 @@ def _parts(mod: ModuleType, x, dy, params, k: int, levels: int):
 
         def bwd():  # the whole backward as the op runs it
             pair = getattr(mod, "coefficient_pair", None)
-            cx, cdy = pair(x, dy, levels) if pair else (mod.coefficients(x, levels), mod.coefficients(dy, levels))
-            parts = mod.weight_partials(x, dy, cx, cdy, k, levels)
+            # Level 1 on load (TUNING l1_onload, session 43 on): buffers of levels 2..L, as the op's backward.
+            onload = hasattr(mod, "onload_applies") and mod.onload_applies(x, levels, 1)
+            if onload:
+                cx, cdy = pair(x, dy, levels, True)
+                parts = mod.weight_partials(x, dy, cx, cdy, k, levels, onload=True)
+            else:
+                cx, cdy = pair(x, dy, levels) if pair else (mod.coefficients(x, levels), mod.coefficients(dy, levels))
+                parts = mod.weight_partials(x, dy, cx, cdy, k, levels)
             mod.wtconv_forward(dy, dx, fold[0], None, fold[2], 1, flip=True, coef=cdy)
             return mod.param_grads(parts, tuple(x.shape), *params), dx
 

@@ -815,6 +815,12 @@ def test_level1_on_load_applies_where_it_can(monkeypatch):
     assert not tk.onload_applies(x, 3, 2)  # strided: the output is not level 1's size
     assert not tk.onload_applies(x[:, :, :19], 3, 1)  # odd rows
     assert not tk.onload_applies(torch.empty(1, 4, 16, 16), 3, 1)  # a small map: one launch per pass
+    # A pass over such a map refuses coefficients of every level (the layout of l1_onload = 0).
+    xd = torch.zeros(2, 4, 20, 18, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    full = tk.coefficients(xd, 3)
+    with pytest.raises(ValueError, match="levels 2..3 only"):
+        tk.wtconv_forward(xd, torch.empty_like(xd), torch.zeros(3, 3, 4, device=DEVICE), None,
+                          torch.zeros(3, 3, 3, 4, 4, device=DEVICE), 1, coef=full)
     monkeypatch.setitem(tk.TUNING, "small_max", 0)
     assert tk.onload_applies(torch.empty(1, 4, 4, 4), 2, 1)
     # Levels 2..6 of a 4 x 4 map (1 x 1 each, 4 subbands: 20 values a channel) would not fit in it (16).

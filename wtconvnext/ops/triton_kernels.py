@@ -1595,11 +1595,14 @@ def _onload_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor
     bsz, ch, h, w = x.shape
     levels, k = level_w.shape[0], base_w.shape[0]
     acc2: Optional[Tensor] = None
+    offs = _offsets(bsz, ch, h, w, levels)
+    if coef is not None and coef.numel() != offs[-1] - offs[1]:
+        raise ValueError(f"coef has {coef.numel()} elements; with level 1 made on load (onload_applies) it holds "
+                         f"levels 2..{levels} only ({offs[-1] - offs[1]}): coefficient_pair(..., skip1=True)")
     if levels > 1:
         if coef is None:
             coef = _analyse((x,), levels, skip1=True)[0]
         sizes = level_sizes(h, w, levels)
-        offs = _offsets(bsz, ch, h, w, levels)
         filt = _plan.view(out, coef.shape, (1,))  # levels 2..L: at most a third of out's elements
         _conv_launch(coef, coef, filt, level_w, level_w, *sizes[1], bsz, 4 * ch, k, levels - 1, 1, False, False,
                      flip, lv0=1)
