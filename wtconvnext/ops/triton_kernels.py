@@ -225,13 +225,7 @@ def _level1_kernel(
                 bb = tl.load(top + (col + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
                 c = tl.load(top + rs + col * C, mask=inm[i], other=0.0).to(COMPUTE)
                 d = tl.load(top + rs + (col + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
-                ab = a + bb
-                cd = c + d
-                amb = a - bb
-                cmd = c - d
-                # As _analysis_level computes and stores them.
-                v = (((ab + cd) * 0.5).to(ty).to(COMPUTE), ((ab - cd) * 0.5).to(ty).to(COMPUTE),
-                     ((amb + cmd) * 0.5).to(ty).to(COMPUTE), ((amb - cmd) * 0.5).to(ty).to(COMPUTE))
+                v = _haar(a, bb, c, d, ty, COMPUTE)  # as _analysis_level stores them
                 new = ()
                 for s in tl.static_range(4):
                     for j in tl.static_range(K):  # slot j: output row r - PAD + j, through tap row K - 1 - j
@@ -690,6 +684,19 @@ def _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok, ld,
 
 
 @triton.jit
+def _haar(a, b, c, d, ty: tl.constexpr, COMPUTE: tl.constexpr):
+    """The Haar subbands (LL, top-minus-bottom, left-minus-right, diagonal) of the 2 x 2 block ``[[a, b], [c, d]]``
+    (in COMPUTE), rounded to ``ty`` as the analysis stores them, in COMPUTE. (_wgrad_load makes one lane's subband
+    by signs instead: the same bits.)"""
+    ab = a + b
+    cd = c + d
+    amb = a - b
+    cmd = c - d
+    return (((ab + cd) * 0.5).to(ty).to(COMPUTE), ((ab - cd) * 0.5).to(ty).to(COMPUTE),
+            ((amb + cmd) * 0.5).to(ty).to(COMPUTE), ((amb - cmd) * 0.5).to(ty).to(COMPUTE))
+
+
+@triton.jit
 def _low_pass(src, spix: tl.constexpr, hf, wf, fr, fc, ok, ty: tl.constexpr, COMPUTE: tl.constexpr):
     """Level 1's low-pass at positions (fr, fc) of the (hf, wf) map at ``src`` (pixel stride spix, zero outside),
     rounded to ``ty`` as the analysis stores it, in COMPUTE."""
@@ -701,7 +708,7 @@ def _low_pass(src, spix: tl.constexpr, hf, wf, fr, fc, ok, ty: tl.constexpr, COM
     bb = tl.load(top + spix, mask=mt & (2 * fc + 1 < wf), other=0.0).to(COMPUTE)
     c = tl.load(bot, mask=mb & (2 * fc < wf), other=0.0).to(COMPUTE)
     d = tl.load(bot + spix, mask=mb & (2 * fc + 1 < wf), other=0.0).to(COMPUTE)
-    return (((a + bb) + (c + d)) * 0.5).to(ty).to(COMPUTE)
+    return _haar(a, bb, c, d, ty, COMPUTE)[0]
 
 
 @triton.jit
@@ -754,17 +761,14 @@ def _analysis_level(src, spix: tl.constexpr, hs, ws, dst, hd, wd, b, m0, n0, cc,
             bb = tl.load(top + spix, mask=mt & (fc + 1 < ws), other=0.0).to(COMPUTE)
             c = tl.load(bot, mask=mb & (fc < ws), other=0.0).to(COMPUTE)
             d = tl.load(bot + spix, mask=mb & (fc + 1 < ws), other=0.0).to(COMPUTE)
-        ab = a + bb
-        cd = c + d
-        amb = a - bb
-        cmd = c - d
+        ty = dst.dtype.element_ty
+        v = _haar(a, bb, c, d, ty, ty)
         o = dst + ((b * hd + m).to(tl.int64) * wd + n) * (4 * C)
         ms = ok & (m < hd) & (n < wd)
-        ty = dst.dtype.element_ty
-        tl.store(o, ((ab + cd) * 0.5).to(ty), mask=ms)
-        tl.store(o + C, ((ab - cd) * 0.5).to(ty), mask=ms)
-        tl.store(o + 2 * C, ((amb + cmd) * 0.5).to(ty), mask=ms)
-        tl.store(o + 3 * C, ((amb - cmd) * 0.5).to(ty), mask=ms)
+        tl.store(o, v[0], mask=ms)
+        tl.store(o + C, v[1], mask=ms)
+        tl.store(o + 2 * C, v[2], mask=ms)
+        tl.store(o + 3 * C, v[3], mask=ms)
 
 
 @triton.jit
