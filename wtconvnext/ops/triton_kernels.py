@@ -189,7 +189,7 @@ def _level1_kernel(
     """Level 1's K x K convolutions with its subbands made as the input rows load, no coefficient buffer: a
     program walks down BW of level 1's columns, loads the two full-resolution rows under each level-1 row, makes
     the four subbands of each 2 x 2 block (rounded to x's dtype, as the analysis stores them) and feeds all four
-    subbands' rolling row accumulators, as _conv_row does (the same multiply-adds in the same order). It writes
+    subbands' rolling row accumulators (_conv_row's multiply-adds, _tap_fmas, in the same order). It writes
     subband s of block (r, j) at pixel (2r + s // 2, 2j + s % 2) of a map of x's shape ('polyphase'), which the
     base convolution (SYN1 == 2) reads a row ahead and overwrites in place: level 1, 3/4 of a coefficient buffer,
     needs no buffer of its own. FLIP rotates the kernels by 180 degrees (the input-gradient pass)."""
@@ -226,31 +226,14 @@ def _level1_kernel(
                 c = tl.load(top + rs + col * C, mask=inm[i], other=0.0).to(COMPUTE)
                 d = tl.load(top + rs + (col + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
                 v = _haar(a, bb, c, d, ty, COMPUTE)  # as _analysis_level stores them
-                new = ()
                 for s in tl.static_range(4):
-                    for j in tl.static_range(K):  # slot j: output row r - PAD + j, through tap row K - 1 - j
-                        for q in tl.static_range(BW):
-                            if (i - q >= 0) and (i - q < K):
-                                if FLIP:
-                                    wv = wts[(j * K + (K - 1 - (i - q))) * 4 + s]
-                                else:
-                                    wv = wts[((K - 1 - j) * K + (i - q)) * 4 + s]
-                                new = new + (acc[(s * K + j) * BW + q] + wv * v[s],)
-                            else:
-                                new = new + (acc[(s * K + j) * BW + q],)
-                acc = new
+                    acc = _tap_fmas(acc, v[s], wts, i, K, BW, FLIP, 4, s)
         if o >= 0:
             for s in tl.static_range(4):
                 for q in tl.static_range(BW):
                     p = yb + (2 * o + s // 2) * rs + (2 * (j0 + q) + s % 2) * C
                     tl.store(p, acc[(s * K) * BW + q].to(y_ptr.dtype.element_ty), mask=outm[q])
-        new = ()
-        for s in tl.static_range(4):
-            for k in tl.static_range(BW, K * BW):
-                new = new + (acc[s * K * BW + k],)
-            for _ in tl.static_range(BW):
-                new = new + (tl.zeros_like(acc[0]),)
-        acc = new
+        acc = _rotate_rows(acc, K, BW, 4)
 
 
 @triton.jit
@@ -363,19 +346,7 @@ def _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb
                                 SYN1 == 2)
     if not PADROW:
         for i in tl.static_range(NI):
-            v = cur[i].to(COMPUTE)
-            new = ()
-            for j in tl.static_range(K):  # slot j: output row r - PAD + j, reached through tap row K - 1 - j
-                for q in tl.static_range(BW):
-                    if (i - q >= 0) and (i - q < K):
-                        if FLIP:
-                            wv = wts[j * K + (K - 1 - (i - q))]
-                        else:
-                            wv = wts[(K - 1 - j) * K + (i - q)]
-                        new = new + (acc[j * BW + q] + wv * v,)
-                    else:
-                        new = new + (acc[j * BW + q],)
-            acc = new
+            acc = _tap_fmas(acc, cur[i].to(COMPUTE), wts, i, K, BW, FLIP)
     if EDGE:
         if (o >= 0) & (o % STRIDE == 0):
             _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask, syn,
@@ -387,12 +358,45 @@ def _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb
     else:
         _conv_store(acc, o, yb, ors, ab, rs, outm, bias, t1p, a2p, rs1, n0, w, cmask, syn,
                     CC, BW, STRIDE, HAS_ACC, HAS_BIAS, COMPUTE, SYN1, HAS_ACC2, SYN_AHEAD)
+    return _rotate_rows(acc, K, BW), nxt
+
+
+@triton.jit
+def _tap_fmas(acc, v, wts, i: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, FLIP: tl.constexpr,
+              NS: tl.constexpr = 1, S: tl.constexpr = 0):
+    """``acc`` after input column i's value ``v`` met every tap it reaches: group S of the NS groups of K x BW
+    rolling accumulators in ``acc`` (slot j: output row r - PAD + j, through tap row K - 1 - j), weighted by
+    subband S of the NS a tap has in ``wts``; the other groups as they are. FLIP: the kernel rotated by 180
+    degrees."""
     new = ()
-    for s in tl.static_range(BW, K * BW):
-        new = new + (acc[s],)
-    for _ in tl.static_range(BW):
-        new = new + (tl.zeros_like(acc[0]),)
-    return new, nxt
+    for t in tl.static_range(S * K * BW):
+        new = new + (acc[t],)
+    for j in tl.static_range(K):
+        for q in tl.static_range(BW):
+            if (i - q >= 0) and (i - q < K):
+                if FLIP:
+                    wv = wts[(j * K + (K - 1 - (i - q))) * NS + S]
+                else:
+                    wv = wts[((K - 1 - j) * K + (i - q)) * NS + S]
+                new = new + (acc[(S * K + j) * BW + q] + wv * v,)
+            else:
+                new = new + (acc[(S * K + j) * BW + q],)
+    for t in tl.static_range((S + 1) * K * BW, NS * K * BW):
+        new = new + (acc[t],)
+    return new
+
+
+@triton.jit
+def _rotate_rows(acc, K: tl.constexpr, BW: tl.constexpr, NS: tl.constexpr = 1):
+    """Each of the NS groups of K x BW rolling accumulators in ``acc`` one row on: slot j takes slot j + 1's, the
+    last starts at zero."""
+    new = ()
+    for g in tl.static_range(NS):
+        for k in tl.static_range(BW, K * BW):
+            new = new + (acc[g * K * BW + k],)
+        for _ in tl.static_range(BW):
+            new = new + (tl.zeros_like(acc[0]),)
+    return new
 
 
 @triton.jit
