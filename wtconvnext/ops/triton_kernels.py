@@ -1545,7 +1545,6 @@ def wtconv_forward(
     _check_cl(x, out)
     bsz, ch, h, w = x.shape
     levels, k = level_w.shape[0], base_w.shape[0]
-    compute = _compute_dtype(x.dtype)
     syn1 = _pass_syn1()
     if small_applies(x, levels):
         _small_pass(x, out, base_w, base_b, level_w, stride, flip, coef)
@@ -1559,29 +1558,38 @@ def wtconv_forward(
     if levels:
         if coef is None:
             coef = coefficients(x, levels)
-        sizes = level_sizes(h, w, levels)
-        offs = _offsets(bsz, ch, h, w, levels)
         filt = _plan.empty(coef.shape, coef.dtype, coef.device)
         _conv_launch(coef, coef, filt, level_w, level_w, h, w, bsz, 4 * ch, k, levels, 1, False, False, flip)
-        pbc = _block_c(ch, TUNING["patch_bc"])
-        for first, nl in reversed(_chunks(levels, 2 if syn1 else 1)):  # coarse to fine
-            m, pw, patches = _patches(*sizes[first], nl, TUNING["patch_chunk"])
-            _launch(
-                _synthesis_kernel, (bsz * patches, _cdiv(ch, pbc)),
-                (filt, coef, offs[first - 1], sizes[first - 1][0], sizes[first - 1][1], bsz, pw, patches),
-                TUNING["patch_warps"],
-                C=ch, NL=nl, M=m, HAS_ACC=first + nl <= levels, BC=pbc, CHUNK=TUNING["patch_chunk"], COMPUTE=compute,
-            )
+        _synthesis_launches(x, filt, coef, levels, 2 if syn1 else 1)
         if syn1:
             acc = filt  # level 1's filtered subbands; acc_2 over level 2's coefficients
             if levels > 1:
-                acc2, acc2_off = coef, offs[1]
+                acc2, acc2_off = coef, _offsets(bsz, ch, h, w, levels)[1]
         else:
             acc = coef  # level 1's region now holds acc_1, (B, H, W, C)
     _conv_launch(x, x if acc is None else acc, out, base_w, base_w if base_b is None else base_b, h, w, bsz, ch,
                  k, 0, stride, acc is not None, base_b is not None, flip, syn1=syn1 and acc is not None, acc2=acc2,
                  acc2_off=acc2_off)
     return out
+
+
+def _synthesis_launches(x: Tensor, filt: Tensor, coef: Tensor, levels: int, first: int,
+                        skip1: bool = False) -> None:
+    """The synthesis of a pass over ``x``, coarse to fine: acc_i of levels ``first``..L into ``coef``'s regions from
+    the filtered subbands ``filt`` (both laid out as :func:`coefficients`; ``skip1``: without level 1's region)."""
+    bsz, ch, h, w = x.shape
+    sizes = level_sizes(h, w, levels)
+    offs = _offsets(bsz, ch, h, w, levels)
+    base = offs[1] if skip1 else 0
+    pbc = _block_c(ch, TUNING["patch_bc"])
+    for lv, nl in reversed(_chunks(levels, first)):
+        m, pw, patches = _patches(*sizes[lv], nl, TUNING["patch_chunk"])
+        _launch(
+            _synthesis_kernel, (bsz * patches, _cdiv(ch, pbc)),
+            (filt, coef, offs[lv - 1] - base, sizes[lv - 1][0], sizes[lv - 1][1], bsz, pw, patches),
+            TUNING["patch_warps"], C=ch, NL=nl, M=m, HAS_ACC=lv + nl <= levels, BC=pbc, CHUNK=TUNING["patch_chunk"],
+            COMPUTE=_compute_dtype(x.dtype),
+        )
 
 
 def onload_applies(x: Tensor, levels: int, stride: int) -> bool:
@@ -1614,15 +1622,7 @@ def _onload_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor
         filt = _plan.view(out, coef.shape, (1,))  # levels 2..L: at most a third of out's elements
         _conv_launch(coef, coef, filt, level_w, level_w, *sizes[1], bsz, 4 * ch, k, levels - 1, 1, False, False,
                      flip, lv0=1)
-        pbc = _block_c(ch, TUNING["patch_bc"])
-        for first, nl in reversed(_chunks(levels, 2)):  # coarse to fine, acc_2 last
-            m, pw, patches = _patches(*sizes[first], nl, TUNING["patch_chunk"])
-            _launch(
-                _synthesis_kernel, (bsz * patches, _cdiv(ch, pbc)),
-                (filt, coef, offs[first - 1] - offs[1], sizes[first - 1][0], sizes[first - 1][1], bsz, pw, patches),
-                TUNING["patch_warps"], C=ch, NL=nl, M=m, HAS_ACC=first + nl <= levels, BC=pbc,
-                CHUNK=TUNING["patch_chunk"], COMPUTE=_compute_dtype(x.dtype),
-            )
+        _synthesis_launches(x, filt, coef, levels, 2, skip1=True)  # acc_2 last
         acc2 = coef
     bw, bc = TUNING["l1_bw"], _block_c(ch, TUNING["l1_bc"])
     _launch(_level1_kernel, (bsz * _cdiv(w // 2, bw), _cdiv(ch, bc)), (x, out, level_w, h, w), TUNING["l1_warps"],
