@@ -1741,27 +1741,22 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     spans = (first // imgs, groups)
     r0 = _cdiv(bsz, imgs) * _cdiv(w, bw)
     lbc = _block_c(4 * ch, TUNING["wgrad_bc"])
-    if levels and onload:
+    onload = bool(levels) and onload
+    # Level 1's programs where it is made on load (a launch of its own): the walks below run levels 2..L's.
+    skip = _level_programs(h, w, 1, bw, _cdiv(bsz, imgs)) if onload else 0
+    if onload:
         # Rows one at a time: unrolled in blocks of K, four loads a value made the walk compile for more than six
         # minutes for sm_90 (triton 3.8 on the CPU machine; two H100 calls' compiles did not finish), against 25 s.
         _launch(
-            _wgrad_kernel, (_level_programs(h, w, 1, bw, _cdiv(bsz, imgs)), _cdiv(4 * ch, lbc)),
-            (x, dy, lev, h, w, bsz, imgs, *spans), warps,
+            _wgrad_kernel, (skip, _cdiv(4 * ch, lbc)), (x, dy, lev, h, w, bsz, imgs, *spans), warps,
             CC=4 * ch, K=k, TP=tp, LEVELS=1, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute, UNROLL=False, ONLOAD=True,
         )
-        if levels == 1:  # the base's partials alone
-            _launch(
-                _wgrad_kernel, (r0, _cdiv(ch, bc)), (x, dy, base, h, w, bsz, imgs, *spans),
-                warps, CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll,
-            )
-            return base, lev
-    # Levels 2..L's programs, where level 1's were launched above.
-    skip = _level_programs(h, w, 1, bw, _cdiv(bsz, imgs)) if levels and onload else 0
+    walked = levels > (1 if onload else 0)  # levels whose walks read the coefficient buffers
     # Not in a traced (triton_op) body: Inductor re-emits a user kernel's helper functions with a plain
     # @triton.jit, dropping _wgrad_program's noinline, so the pair would compile as one function (89 s for sm_90
     # on the CPU machine, four of them per WTConvNeXt) where two launches compile in parallel workers; the launch
     # it saves is host time, which Inductor's launches and CUDA graphs do not spend here. Same partials, bit for bit.
-    if levels and TUNING["wgrad_pair"] and not _TRACED.on:
+    if walked and TUNING["wgrad_pair"] and not _TRACED.on:
         _launch(
             _wgrad_pair_kernel,
             (r0 + _level_programs(h, w, levels, bw, _cdiv(bsz, imgs)) - skip,
@@ -1774,8 +1769,8 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
         _wgrad_kernel, (r0, _cdiv(ch, bc)), (x, dy, base, h, w, bsz, imgs, *spans),
         warps, CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll,
     )
-    if not levels:
-        return base, base
+    if not walked:
+        return base, (lev if levels else base)
     _launch(
         _wgrad_kernel, (_level_programs(h, w, levels, bw, _cdiv(bsz, imgs)) - skip, _cdiv(4 * ch, lbc)),
         (coef_x, coef_dy, lev, h, w, bsz, imgs, *spans), warps,
