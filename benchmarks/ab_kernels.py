@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import sys
 import time
 from pathlib import Path
@@ -54,11 +55,20 @@ def _parts(mod: ModuleType, x, dy, params, k: int, levels: int):
     dx = torch.empty_like(x)
     fold = mod.folded_weights(*params)
     if hasattr(mod, "coefficients"):  # coefficient-buffer kernels (issue 14 on)
+        takes_onload = "onload" in inspect.signature(mod.wtconv_forward).parameters
+
+        def onload() -> bool:
+            # Level 1 on load (TUNING l1_onload, session 43 on), as the op decides it: at the call, under its TUNING.
+            return hasattr(mod, "onload_applies") and mod.onload_applies(x, levels, 1)
+
+        def forward(*args, **kwargs):  # (the caller passes the decision since session 44)
+            return mod.wtconv_forward(*args, **kwargs, **({"onload": onload()} if takes_onload else {}))
+
         def fwd():
-            return mod.wtconv_forward(x, out, *fold, 1)
+            return forward(x, out, *fold, 1)
 
         def dgrad():
-            return mod.wtconv_forward(dy, dx, fold[0], None, fold[2], 1, flip=True)
+            return forward(dy, dx, fold[0], None, fold[2], 1, flip=True)
 
         def wgrad():
             parts = mod.weight_partials(x, dy, mod.coefficients(x, levels), mod.coefficients(dy, levels), k, levels)
@@ -66,15 +76,13 @@ def _parts(mod: ModuleType, x, dy, params, k: int, levels: int):
 
         def bwd():  # the whole backward as the op runs it
             pair = getattr(mod, "coefficient_pair", None)
-            # Level 1 on load (TUNING l1_onload, session 43 on): buffers of levels 2..L, as the op's backward.
-            onload = hasattr(mod, "onload_applies") and mod.onload_applies(x, levels, 1)
-            if onload:
+            if onload():  # buffers of levels 2..L, as the op's backward
                 cx, cdy = pair(x, dy, levels, True)
                 parts = mod.weight_partials(x, dy, cx, cdy, k, levels, onload=True)
             else:
                 cx, cdy = pair(x, dy, levels) if pair else (mod.coefficients(x, levels), mod.coefficients(dy, levels))
                 parts = mod.weight_partials(x, dy, cx, cdy, k, levels)
-            mod.wtconv_forward(dy, dx, fold[0], None, fold[2], 1, flip=True, coef=cdy)
+            forward(dy, dx, fold[0], None, fold[2], 1, flip=True, coef=cdy)
             return mod.param_grads(parts, tuple(x.shape), *params), dx
 
         return {"fwd": fwd, "dx": dgrad, "wgrad": wgrad, "bwd": bwd}

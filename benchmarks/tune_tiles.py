@@ -61,7 +61,7 @@ def main(argv=None) -> int:
             cx, cdy = tk.coefficients(x, levels), tk.coefficients(dy, levels)
 
             def fwd():
-                tk.wtconv_forward(x, out, *folded, 1)
+                tk.wtconv_forward(x, out, *folded, 1, onload=tk.onload_applies(x, levels, 1))
 
             def wgrad():
                 tk.weight_partials(x, dy, cx, cdy, k, levels)

@@ -820,7 +820,7 @@ def test_level1_on_load_applies_where_it_can(monkeypatch):
     full = tk.coefficients(xd, 3)
     with pytest.raises(ValueError, match="levels 2..3 only"):
         tk.wtconv_forward(xd, torch.empty_like(xd), torch.zeros(3, 3, 4, device=DEVICE), None,
-                          torch.zeros(3, 3, 3, 4, 4, device=DEVICE), 1, coef=full)
+                          torch.zeros(3, 3, 3, 4, 4, device=DEVICE), 1, coef=full, onload=tk.onload_applies(xd, 3, 1))
     monkeypatch.setitem(tk.TUNING, "small_max", 0)
     assert tk.onload_applies(torch.empty(1, 4, 4, 4), 2, 1)
     # Levels 2..6 of a 4 x 4 map (1 x 1 each, 4 subbands: 20 values a channel) would not fit in it (16).

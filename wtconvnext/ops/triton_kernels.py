@@ -1534,13 +1534,14 @@ def folded_weights(
 
 def wtconv_forward(
     x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor], level_w: Tensor, stride: int,
-    flip: bool = False, coef: Optional[Tensor] = None,
+    flip: bool = False, coef: Optional[Tensor] = None, *, onload: bool,
 ) -> Tensor:
     """The WTConv of the channels-last ``x`` into the channels-last ``out`` (B, C, ceil(H/stride), ceil(W/stride)).
 
     Weights from :func:`folded_weights`; ``flip`` rotates every kernel by 180 degrees (the input-gradient pass).
-    ``coef``: x's :func:`coefficients` when already computed (levels 2..L only where :func:`onload_applies`); it
-    is overwritten (the synthesis reuses it).
+    ``onload``: level 1 made on load, as :func:`onload_applies` decides for the pass (its caller decides once, for
+    the backward's coefficient buffers too). ``coef``: x's :func:`coefficients` when already computed (levels 2..L
+    only with ``onload``); it is overwritten (the synthesis reuses it).
     """
     _check_cl(x, out)
     bsz, ch, h, w = x.shape
@@ -1549,7 +1550,7 @@ def wtconv_forward(
     if small_applies(x, levels):
         _small_pass(x, out, base_w, base_b, level_w, stride, flip, coef)
         return out
-    if onload_applies(x, levels, stride):
+    if onload:
         _onload_pass(x, out, base_w, base_b, level_w, flip, coef)
         return out
     acc: Optional[Tensor] = None

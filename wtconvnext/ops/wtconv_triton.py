@@ -97,9 +97,11 @@ if TRITON_AVAILABLE:
         """(y, folded base kernels, folded level kernels) of the channels-last ``xc``, y channels-last."""
         out = _plan.empty(_output_shape(xc, stride), xc.dtype, xc.device, torch.channels_last)
         base_w, base_b, level_w = folded_weights(weight, bias, base_scale, wavelet_weight, wavelet_scale, round_to)
+        levels = wavelet_weight.shape[0]
+        onload = onload_applies(xc, levels, stride)  # (for every chunk: it needs one, TUNING chunk_kb 0)
         # A large map's pass runs in chunks of images, so that its coefficient buffers stay small (batch_chunks).
-        for b0, b1 in batch_chunks(xc, wavelet_weight.shape[0]):
-            wtconv_forward(_images(xc, b0, b1), _images(out, b0, b1), base_w, base_b, level_w, stride)
+        for b0, b1 in batch_chunks(xc, levels):
+            wtconv_forward(_images(xc, b0, b1), _images(out, b0, b1), base_w, base_b, level_w, stride, onload=onload)
         return out, base_w, level_w
 
     def _forward_impl(
@@ -142,7 +144,8 @@ if TRITON_AVAILABLE:
         # input-gradient pass overwrites them; x's coefficients are recomputed here rather than kept from the
         # forward. The partials are summed once the last chunk's are in, and freed before the last input gradient.
         chunks = batch_chunks(xc, levels)
-        # Level 1 made on load (one chunk): the coefficient buffers hold levels 2..L only.
+        # Level 1 made on load (one chunk): the coefficient buffers hold levels 2..L only; decided here for the input
+        # gradient's pass too.
         onload = onload_applies(xc, levels, 1)
         for i, (b0, b1) in enumerate(chunks):
             xs, dys = _images(xc, b0, b1), _images(dy, b0, b1)
@@ -158,7 +161,8 @@ if TRITON_AVAILABLE:
                 dx = (input_grad_buffer(dys, coef_dy, levels) if len(chunks) == 1 and not onload
                       else _plan.empty(tuple(xc.shape), xc.dtype, xc.device, torch.channels_last))
             # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
-            wtconv_forward(dys, _images(dx, b0, b1), base_w, None, level_w, 1, flip=True, coef=coef_dy)
+            wtconv_forward(dys, _images(dx, b0, b1), base_w, None, level_w, 1, flip=True, coef=coef_dy,
+                           onload=onload)
             del coef_dy
         return (dx, *grads)
 
