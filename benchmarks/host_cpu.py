@@ -93,7 +93,7 @@ def no_kernels(mode: str) -> Iterator[None]:
     # Every kernel module: the launchers reach the small-map kernels through their module (a real kernel left in
     # place would run in the interpreter, on uninitialised data, for minutes).
     saved_mods = {mod: dict(vars(mod)) for mod in (tk, sk)}
-    saved, const_names = saved_mods[tk], dict(tk._CONST_NAMES)
+    saved, const_info = saved_mods[tk], dict(tk._CONSTS)
     plans_on, direct_on, direct_env = launch_plan.ENABLED, launch_plan.DIRECT, launch_plan._direct_env
     workspace_on = launch_plan.WORKSPACE
     launch_plan.clear()  # plans hold launchers: none may outlive the mode that recorded it
@@ -112,8 +112,7 @@ def no_kernels(mode: str) -> Iterator[None]:
             tk._FAST_LAUNCH = True
             tk._device_index = lambda: 0  # no CUDA device here: Triton's driver would ask for one
             tk._COMPILED.clear()
-            tk._CONST_NAMES.clear()  # keyed by id(): a stand-in's id may be a freed one's
-            tk._CONST_DEFAULTS.clear()
+            tk._CONSTS.clear()  # keyed by id(): a stand-in's id may be a freed one's
         yield
     finally:
         for name in ("_launch", "_FAST_LAUNCH", "_device_index"):
@@ -122,9 +121,8 @@ def no_kernels(mode: str) -> Iterator[None]:
             for name in [n for n in kernels if n.endswith("_kernel")]:
                 setattr(mod, name, kernels[name])
         tk._COMPILED.clear()
-        tk._CONST_NAMES.clear()
-        tk._CONST_NAMES.update(const_names)
-        tk._CONST_DEFAULTS.clear()
+        tk._CONSTS.clear()
+        tk._CONSTS.update(const_info)
         launch_plan.clear()
         launch_plan.ENABLED, launch_plan.DIRECT, launch_plan._direct_env = plans_on, direct_on, direct_env
         launch_plan.WORKSPACE = workspace_on

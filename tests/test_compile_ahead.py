@@ -82,7 +82,7 @@ def kernels(monkeypatch):
                 monkeypatch.setattr(mod, name, k)
     monkeypatch.setattr(tk, "_FAST_LAUNCH", True)
     monkeypatch.setattr(tk, "_device_index", lambda: 0)
-    for name in ("_COMPILED", "_CONST_NAMES", "_PENDING"):
+    for name in ("_COMPILED", "_CONSTS", "_PENDING"):
         monkeypatch.setattr(tk, name, {})
     monkeypatch.setattr(launch_plan, "_PLANS", {})
     monkeypatch.setattr(launch_plan, "_direct_env", (lambda: 0, lambda: True))

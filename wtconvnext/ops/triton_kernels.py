@@ -1176,8 +1176,7 @@ def _pow2(n: int) -> int:
 # WTCONVNEXT_FAST_LAUNCH=0 (read at import) keeps every launch on Triton's path.
 _FAST_LAUNCH = os.environ.get("WTCONVNEXT_FAST_LAUNCH", "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
 _COMPILED: dict[tuple, object] = {}
-_CONST_DEFAULTS: dict[int, dict[str, object]] = {}
-_CONST_NAMES: dict[int, tuple[str, ...]] = {}
+_CONSTS: dict[int, tuple[tuple[str, ...], dict[str, object]]] = {}  # per kernel: constexpr names, defaults
 _MAX_KEPT = 4096  # ints are keyed by value: bound the cache for workloads of ever-new shapes
 
 
@@ -1281,16 +1280,14 @@ def traced_launches() -> Iterator[None]:
 
 def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object) -> None:
     """``fn[grid](*args, **consts, num_warps=warps)``: runtime arguments positional (the kernel's leading
-    parameters: tensors, ints or None), constexprs by name."""
+    parameters: tensors, ints or None), constexprs by name (those left out take the kernel's defaults)."""
     global _FAST_LAUNCH
+    consts = launch_consts(fn, len(args), consts)
     if _TRACED.on:
         from torch.library import wrap_triton
 
         # The channels-last buffers' allocations rather than their views (launch_plan.empty says why).
         args = tuple(_plan.base_of(a) if isinstance(a, torch.Tensor) else a for a in args)
-        # Every parameter by value, defaults too: torch's analysis of which arguments a kernel writes needs them
-        # all (else it counts every argument as written, and a tensor passed twice fails the trace).
-        consts = {**{n: v for n, v in _defaults(fn).items() if n not in consts}, **consts}
         wrap_triton(fn)[grid](*args, **consts, num_warps=warps)
         return
     if _COLLECT.launches is not None:
@@ -1326,12 +1323,25 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
         _record(rec, kernel, grid, (*args, *cvals), runner)
 
 
-def _defaults(fn: Any) -> dict[str, object]:
-    """:func:`param_defaults`, kept per kernel (by id: a JITFunction hashes through a locked property)."""
-    found = _CONST_DEFAULTS.get(id(fn))
+def launch_consts(fn: Any, nargs: int, consts: dict[str, object]) -> dict[str, object]:
+    """Every constexpr of a launch of ``fn`` with ``nargs`` runtime arguments, in parameter order (as its compiled
+    launcher takes them, after the runtime ones), the kernel's defaults for those ``consts`` leaves out. Torch's
+    traced launch needs them all: its analysis of which arguments a kernel writes counts every argument as written
+    without them, and a tensor passed twice then fails the trace."""
+    fid = id(fn)  # (a JITFunction hashes through a locked property)
+    found = _CONSTS.get(fid)
     if found is None:
-        found = _CONST_DEFAULTS[id(fn)] = param_defaults(fn)
-    return found
+        found = _CONSTS[fid] = (tuple(fn.arg_names[nargs:]), param_defaults(fn))
+    names, defaults = found
+    if tuple(consts) == names:  # the launchers pass them all, in the kernel's order
+        return consts
+    try:
+        if not set(consts) <= set(names):
+            raise KeyError
+        return {n: consts[n] if n in consts else defaults[n] for n in names}
+    except KeyError:
+        raise TypeError(
+            f"{fn.__name__}: launch passes constexprs {sorted(consts)}, kernel has {sorted(names)}") from None
 
 
 def param_defaults(fn: Any) -> dict[str, object]:
@@ -1344,25 +1354,12 @@ def param_defaults(fn: Any) -> dict[str, object]:
 
 
 def kept_key(fn: Any, args: tuple, warps: int, consts: dict[str, object], device: int) -> tuple[tuple, tuple]:
-    """(the key a launch's compiled kernel is kept under in _COMPILED, the constexpr values in parameter order)."""
-    fid = id(fn)
-    names = _CONST_NAMES.get(fid)
-    if names is None:
-        # The compiled launcher takes every parameter in order: runtime ones, then the constexprs.
-        names = _CONST_NAMES[fid] = tuple(fn.arg_names[len(args):])
-    if tuple(consts) == names:  # the launchers pass them in the kernel's order: no reordering
-        cvals = tuple(consts.values())
-    else:
-        defaults = _defaults(fn)
-        try:
-            if not set(consts) <= set(names):
-                raise KeyError
-            cvals = tuple(consts[n] if n in consts else defaults[n] for n in names)
-        except KeyError:
-            raise TypeError(
-                f"{fn.__name__}: launch passes constexprs {sorted(consts)}, kernel has {sorted(names)}") from None
+    """(the key a launch's compiled kernel is kept under in _COMPILED, the constexpr values in parameter order);
+    ``consts`` as :func:`launch_consts` gives them."""
+    cvals = tuple(consts.values())
     # A pointer's low four bits: zero for 16-byte aligned (what Triton specialises on), else kept (a finer key).
-    key = (fid, device, warps, cvals, *[(a.dtype, a.data_ptr() & 15) if isinstance(a, Tensor) else a for a in args])
+    key = (id(fn), device, warps, cvals, *[(a.dtype, a.data_ptr() & 15) if isinstance(a, Tensor) else a
+                                          for a in args])
     return key, cvals
 
 
