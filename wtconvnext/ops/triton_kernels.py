@@ -1458,9 +1458,12 @@ def coefficients(x: Tensor, levels: int) -> Tensor:
     return _analyse((x,), levels)[0]
 
 
-def coefficient_pair(a: Tensor, b: Tensor, levels: int, skip1: bool = False) -> tuple[Tensor, Tensor]:
+def coefficient_pair(a: Tensor, b: Tensor, levels: int,
+                     skip1: bool = False) -> tuple[Optional[Tensor], Optional[Tensor]]:
     """:func:`coefficients` of two maps of one shape and dtype (the backward's x and dy), in the launches of one;
-    ``skip1``: levels 2..L only (see :func:`onload_applies`)."""
+    ``skip1``: levels 2..L only (see :func:`onload_applies`). (None, None) where that leaves no level."""
+    if levels < (2 if skip1 else 1):
+        return None, None
     if a.shape != b.shape or a.dtype != b.dtype:
         return _analyse((a,), levels, skip1)[0], _analyse((b,), levels, skip1)[0]
     return _analyse((a, b), levels, skip1)
@@ -1468,15 +1471,13 @@ def coefficient_pair(a: Tensor, b: Tensor, levels: int, skip1: bool = False) -> 
 
 def _analyse(maps: tuple[Tensor, ...], levels: int, skip1: bool = False) -> tuple[Tensor, ...]:
     """The coefficient buffers of ``maps``; ``skip1``: of levels 2..L only (level 1's region left out, the others
-    where they would be, shifted by its size), level 1 made on the fly from the maps."""
+    where they would be, shifted by its size), level 1 made on the fly from the maps (callers skip levels < 2)."""
     _check_cl(*maps)
     bsz, ch, h, w = maps[0].shape
     sizes = level_sizes(h, w, levels)
     offs = _offsets(bsz, ch, h, w, levels)
     base = offs[1] if skip1 else 0
     bufs = tuple(_plan.empty((offs[-1] - base,), m.dtype, m.device) for m in maps)
-    if skip1 and levels < 2:
-        return bufs
     # The second map's buffer, which only programs (., ., 1) write; with one map a one-element stand-in, never the
     # first buffer again. Every written argument of a launch gets a buffer of its own: torch's analysis of a traced
     # launch counts both pointers as written (the kernel picks one at run time), and a functional kernel call writes

@@ -149,7 +149,7 @@ if TRITON_AVAILABLE:
         onload = onload_applies(xc, levels, 1)
         for i, (b0, b1) in enumerate(chunks):
             xs, dys = _images(xc, b0, b1), _images(dy, b0, b1)
-            coef_dy, coef_x = coefficient_pair(dys, xs, levels, onload) if levels else (None, None)
+            coef_dy, coef_x = coefficient_pair(dys, xs, levels, onload)  # (None, None) without a level to store
             parts = weight_partials(xs, dys, coef_x, coef_dy, k, levels, parts, b0, bsz, onload)
             del coef_x
             if i == len(chunks) - 1:
