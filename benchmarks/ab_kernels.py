@@ -71,6 +71,8 @@ def _parts(mod: ModuleType, x, dy, params, k: int, levels: int):
             if onload:
                 cx, cdy = pair(x, dy, levels, True)
                 parts = mod.weight_partials(x, dy, cx, cdy, k, levels, onload=True)
+                if hasattr(mod, "level1_partials"):  # session 44 on: level 1's rows staged through dx's buffer
+                    mod.level1_partials(x, dy, parts, k, dx)
             else:
                 cx, cdy = pair(x, dy, levels) if pair else (mod.coefficients(x, levels), mod.coefficients(dy, levels))
                 parts = mod.weight_partials(x, dy, cx, cdy, k, levels)

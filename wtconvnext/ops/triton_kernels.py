@@ -46,8 +46,8 @@ from torch import Tensor
 
 from . import launch_plan as _plan
 
-__all__ = ["folded_weights", "coefficients", "wtconv_forward", "weight_partials", "param_grads", "level_sizes",
-           "batch_chunks", "TUNING"]
+__all__ = ["folded_weights", "coefficients", "wtconv_forward", "weight_partials", "level1_partials", "param_grads",
+           "level_sizes", "batch_chunks", "TUNING"]
 
 # Levels one analysis / synthesis launch covers: a program's patch is 2^5 x 2^5 pixels of the map it starts from.
 PATCH_LEVELS = 5
@@ -1115,8 +1115,13 @@ TUNING: dict[str, int] = {
     # _level1_kernel's columns, channels and warps per program (H100, session 42, proto_level1.py: 2 / 32 / 1 at
     # 0.92x the analysis + level convolution it replaces at 56 x 56, 0.98-0.99x at 28 x 28).
     "l1_onload": 1, "l1_bw": 2, "l1_bc": 32, "l1_warps": 1,
+    # l1_stage = 1: with level 1 on load, the backward's level-1 weight gradients analyse x's and dy's level 1 into
+    # the input gradient's buffer (dead until its pass) half a batch at a time and walk them as stored coefficients
+    # (level1_partials); 0: one walk making every subband value from four loads (_wgrad_load), which cost 0.10-0.13
+    # ms per fwd + bwd at 56 x 56 / 28 x 28 against l1_onload = 0 (H100, bf16, B=128, bench_layer, session 44).
+    "l1_stage": 1,
 }
-_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1}  # 0 .. the value, not sizes
+_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "l1_stage": 1}  # 0 .. the value, not sizes
 _ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc")  # 0 turns the path off (conv_base_bc: the rule)
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
               "l1_bc")
@@ -1710,8 +1715,8 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     x and dy may be images ``first`` .. of a batch of ``batch`` (one of :func:`batch_chunks`' ranges): their rows
     are then written into ``parts`` (this function's result for an earlier chunk of the batch; allocated for the
     whole batch when None) where the whole batch's launch would write them, so the sums are bitwise the same.
-    ``onload``: the coefficient buffers hold levels 2..L only and level 1's partials are made from x and dy (its
-    subbands built as they load, one launch of its own), the same rows bit for bit."""
+    ``onload``: the coefficient buffers hold levels 2..L only; level 1's rows are left to
+    :func:`level1_partials`."""
     _check_cl(x, dy)
     bsz, ch, h, w = x.shape
     bw, warps, imgs = TUNING["wgrad_bw"], TUNING["wgrad_warps"], TUNING["wgrad_imgs"]
@@ -1733,27 +1738,14 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     spans = (first // imgs, groups)
     r0 = _cdiv(bsz, imgs) * _cdiv(w, bw)
     lbc = _block_c(4 * ch, TUNING["wgrad_bc"])
-    if levels and onload:
-        # Rows one at a time: unrolled in blocks of K, four loads a value made the walk compile for more than six
-        # minutes for sm_90 (triton 3.8 on the CPU machine; two H100 calls' compiles did not finish), against 25 s.
-        _launch(
-            _wgrad_kernel, (_level_programs(h, w, 1, bw, _cdiv(bsz, imgs)), _cdiv(4 * ch, lbc)),
-            (x, dy, lev, h, w, bsz, imgs, *spans), warps,
-            CC=4 * ch, K=k, TP=tp, LEVELS=1, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute, UNROLL=False, ONLOAD=True,
-        )
-        if levels == 1:  # the base's partials alone
-            _launch(
-                _wgrad_kernel, (r0, _cdiv(ch, bc)), (x, dy, base, h, w, bsz, imgs, *spans),
-                warps, CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll,
-            )
-            return base, lev
-    # Levels 2..L's programs, where level 1's were launched above.
+    # Level 1 made on load: its programs are level1_partials', after the pass has freed x's coefficients.
     skip = _level_programs(h, w, 1, bw, _cdiv(bsz, imgs)) if levels and onload else 0
+    walk = levels > 1 if onload else levels > 0
     # Not in a traced (triton_op) body: Inductor re-emits a user kernel's helper functions with a plain
     # @triton.jit, dropping _wgrad_program's noinline, so the pair would compile as one function (89 s for sm_90
     # on the CPU machine, four of them per WTConvNeXt) where two launches compile in parallel workers; the launch
     # it saves is host time, which Inductor's launches and CUDA graphs do not spend here. Same partials, bit for bit.
-    if levels and TUNING["wgrad_pair"] and not _TRACED.on:
+    if walk and TUNING["wgrad_pair"] and not _TRACED.on:
         _launch(
             _wgrad_pair_kernel,
             (r0 + _level_programs(h, w, levels, bw, _cdiv(bsz, imgs)) - skip,
@@ -1766,8 +1758,8 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
         _wgrad_kernel, (r0, _cdiv(ch, bc)), (x, dy, base, h, w, bsz, imgs, *spans),
         warps, CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll,
     )
-    if not levels:
-        return base, base
+    if not walk:
+        return base, lev
     _launch(
         _wgrad_kernel, (_level_programs(h, w, levels, bw, _cdiv(bsz, imgs)) - skip, _cdiv(4 * ch, lbc)),
         (coef_x, coef_dy, lev, h, w, bsz, imgs, *spans), warps,
@@ -1775,6 +1767,50 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
         SKIP1=skip > 0,
     )
     return base, lev
+
+
+def level1_partials(x: Tensor, dy: Tensor, parts: tuple[Tensor, Tensor], k: int, scratch: Tensor) -> None:
+    """Level 1's weight-gradient partials into ``parts`` (from :func:`weight_partials` with ``onload``, which left
+    them out), the same rows bit for bit as one walk over every level's coefficients.
+
+    x's and dy's level-1 subbands are analysed half a batch at a time (whole image groups of TUNING wgrad_imgs)
+    into ``scratch``, the channels-last input-gradient buffer, dead until its pass: as many elements as a map, so
+    they take no memory of their own, and the walk reads stored values. A batch too small for that (or TUNING
+    l1_stage 0) walks level 1 making each subband value as it loads (_wgrad_load: four loads a value)."""
+    _check_cl(x, dy, scratch)
+    bsz, ch, h, w = x.shape
+    bw, warps, imgs = TUNING["wgrad_bw"], TUNING["wgrad_warps"], TUNING["wgrad_imgs"]
+    lev = parts[1]
+    tp, compute = lev.shape[1], _compute_dtype(x.dtype)
+    lbc = _block_c(4 * ch, TUNING["wgrad_bc"])
+    groups = _cdiv(bsz, imgs)
+    per = bsz // 2 // imgs * imgs
+    n1 = h * w * ch  # elements of one image's level-1 subbands, as of the image itself (h and w even)
+    if not (TUNING["l1_stage"] and per and scratch.dtype == x.dtype and scratch.numel() >= 2 * per * n1):
+        # Rows one at a time: unrolled in blocks of K, four loads a value made the walk compile for more than six
+        # minutes for sm_90 (triton 3.8 on the CPU machine; two H100 calls' compiles did not finish), against 25 s.
+        _launch(
+            _wgrad_kernel, (_level_programs(h, w, 1, bw, groups), _cdiv(4 * ch, lbc)),
+            (x, dy, lev, h, w, bsz, imgs, 0, groups), warps,
+            CC=4 * ch, K=k, TP=tp, LEVELS=1, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute, UNROLL=False, ONLOAD=True,
+        )
+        return
+    pbc = _block_c(ch, TUNING["patch_bc"])
+    m, pw, patches = _patches(h // 2, w // 2, 1, TUNING["patch_chunk"])
+    for b0 in range(0, bsz, per):
+        nb = min(per, bsz - b0)
+        cx = _plan.view(scratch, (nb * n1,), (1,))
+        cdy = _plan.view(scratch, (nb * n1,), (1,), nb * n1)
+        _launch(
+            _analysis_kernel, (nb * patches, _cdiv(ch, pbc), 2), (x, cx, dy, cdy, b0 * n1, 0, h, w, nb, pw, patches),
+            TUNING["patch_warps"], C=ch, SRC_PIX=ch, NL=1, M=m, BC=pbc, CHUNK=TUNING["patch_chunk"], COMPUTE=compute,
+        )
+        _launch(
+            _wgrad_kernel, (_level_programs(h, w, 1, bw, _cdiv(nb, imgs)), _cdiv(4 * ch, lbc)),
+            (cx, cdy, lev, h, w, nb, imgs, b0 // imgs, groups), warps,
+            CC=4 * ch, K=k, TP=tp, LEVELS=1, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute,
+            UNROLL=bool(TUNING["wgrad_unroll"]),
+        )
 
 
 def batch_chunks(x: Tensor, levels: int) -> tuple[tuple[int, int], ...]:
