@@ -79,11 +79,18 @@ def _parts(mod: ModuleType, x, dy, params, k: int, levels: int):
             if onload():  # buffers of levels 2..L, as the op's backward
                 cx, cdy = pair(x, dy, levels, True)
                 parts = mod.weight_partials(x, dy, cx, cdy, k, levels, onload=True)
+                if hasattr(mod, "level1_partials"):  # session 44 on: level 1's rows apart, staged through dx
+                    grads = mod.param_grads(parts, tuple(x.shape), *params, split=1)
+                    lev1 = mod.level1_partials(x, dy, k, dx)
+                    mod.param_grads((lev1, lev1), tuple(x.shape), *params, split=2, grads=grads)
+                else:
+                    grads = mod.param_grads(parts, tuple(x.shape), *params)
             else:
                 cx, cdy = pair(x, dy, levels) if pair else (mod.coefficients(x, levels), mod.coefficients(dy, levels))
                 parts = mod.weight_partials(x, dy, cx, cdy, k, levels)
+                grads = mod.param_grads(parts, tuple(x.shape), *params)
             forward(dy, dx, fold[0], None, fold[2], 1, flip=True, coef=cdy)
-            return mod.param_grads(parts, tuple(x.shape), *params), dx
+            return grads, dx
 
         return {"fwd": fwd, "dx": dgrad, "wgrad": wgrad, "bwd": bwd}
     else:  # low-pass-pyramid kernels (v5 to v7)

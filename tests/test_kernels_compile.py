@@ -63,9 +63,10 @@ def _cases():
         yield tk._conv_kernel, dict(x_ptr=bf16, acc_ptr=bf16, acc2_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32), \
             dict(acc2_off=1, H=1, W=1, B=1, CC=96, K=5, LEVELS=levels, BW=4, BC=32, STRIDE=1, HAS_ACC=True,
                  HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=levels == 0, HAS_ACC2=levels == 0, SYN_AHEAD=1)
+        # The base's walk, and level 1's of stored subbands (level1_partials, staged): both unrolled.
         yield tk._wgrad_kernel, dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32), \
-            dict(H=1, W=1, B=1, IMGS=1, G0=1, GT=1, CC=96, K=5, TP=32, LEVELS=levels, BW=7, BC=32, DSUM=True,
-                 COMPUTE=fp, UNROLL=levels == 0)
+            dict(H=1, W=1, B=1, IMGS=1, G0=1, GT=1, CC=96, K=5, TP=32, LEVELS=min(levels, 1), BW=7, BC=32,
+                 DSUM=levels == 0, COMPUTE=fp, UNROLL=True)
     yield from _onload_cases()
     params = dict(w_ptr=f32, b_ptr=f32, bs_ptr=f32, ww_ptr=f32, ws_ptr=f32)
     grads = dict(dw_ptr=f32, db_ptr=f32, dbs_ptr=f32, dww_ptr=f32, dws_ptr=f32)
@@ -75,9 +76,10 @@ def _cases():
             dict(C=96, K=5, TP=32, HAS_BIAS=True, BLOCK_C=64, COMPUTE=fp, ROUND=round_to)
         yield tk._param_grads_kernel, dict(bpart_ptr=f32, lpart_ptr=f32, **params, **grads, **ints), \
             dict(C=96, K=5, TP=32, LEVELS=5, BW=7, HAS_BIAS=True, BLOCK_C=32, COMPUTE=fp, ROUND=round_to, RB=16)
-    yield tk._param_grads_kernel, dict(bpart_ptr=f32, lpart_ptr=f32, **params, **grads), \
-        dict(R0=1, H=1, W=1, B=1, IMGS=1, C=96, K=5, TP=32, LEVELS=2, BW=7, HAS_BIAS=True, BLOCK_C=32, COMPUTE=fp,
-             ROUND=None, RB=16)
+    for split in (0, 1, 2):  # 1, 2: level 1's partial rows apart (level 1 on load)
+        yield tk._param_grads_kernel, dict(bpart_ptr=f32, lpart_ptr=f32, **params, **grads), \
+            dict(R0=1, H=1, W=1, B=1, IMGS=1, C=96, K=5, TP=32, LEVELS=2, BW=7, HAS_BIAS=True, BLOCK_C=32,
+                 COMPUTE=fp, ROUND=None, RB=16, SPLIT=split)
     yield tk._param_grads_kernel, dict(bpart_ptr=f32, lpart_ptr=f32, **{k: bf16 for k in [*params, *grads]}, **ints), \
         dict(C=96, K=5, TP=64, LEVELS=2, BW=7, HAS_BIAS=False, BLOCK_C=32, COMPUTE=fp, ROUND=None, RB=8)
     yield from _small_cases()

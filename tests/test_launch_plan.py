@@ -86,6 +86,12 @@ def test_views_of_buffers_are_replayed_as_views():
     (_, buf), (v_launched,) = calls
     assert v is v_launched and v.shape == (3, 2) and v.stride() == (1, 6)
     assert v.data_ptr() == buf.data_ptr() and v.untyped_storage().nbytes() == 4 * 6 * 4
+    # a view from an element past the first: the same offset into this call's buffer
+    launch_plan.planned(("view_at",), lambda a: (launch_plan.view(launch_plan.empty((4, 6), torch.float32, a.device),
+                                                                  (2, 3), (6, 1), 7),), (x,))
+    # (replayed: this core never runs)
+    (w,) = launch_plan.planned(("view_at",), lambda a: (launch_plan.view(a.new_empty((1,)), (1,), (1,)),), (x,))
+    assert launch_plan._PLANS[("view_at",)] is not None and w.storage_offset() == 7 and w.stride() == (6, 1)
     # a view of a tensor the pass did not allocate: not replayable
     launch_plan.planned(("view2",), lambda a: (launch_plan.view(a.clone(), (1,), (1,)),), (x,))
     assert launch_plan._PLANS[("view2",)] is None
@@ -339,13 +345,17 @@ _ON_GPU = pytest.mark.skipif(DEVICE == "cpu", reason="direct launches need compi
     (11, 9, 2, 1, True, 0, torch.float32, False),     # multi-launch passes
     (7, 6, 2, 1, False, 16, torch.bfloat16, False),   # one-launch passes of a small map, no bias
     (12, 9, 2, 2, True, 0, torch.float32, False),     # stride: dy scattered outside the plan
+    (10, 8, 2, 1, True, 0, torch.bfloat16, False),    # level 1 on load, its weight gradients staged through dx
     pytest.param(11, 9, 2, 1, True, 0, torch.float32, True, marks=_ON_GPU),  # the launchers called directly
     pytest.param(7, 6, 2, 1, False, 16, torch.bfloat16, True, marks=_ON_GPU),
+    pytest.param(10, 8, 2, 1, True, 0, torch.bfloat16, True, marks=_ON_GPU),
 ])
 def test_replay_is_bitwise_the_ordinary_path(h, w, levels, stride, bias, small_max, dtype, direct, monkeypatch):
     from wtconvnext.ops import triton_kernels as tk
 
-    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max})
+    # wgrad_imgs 1: two images are two image groups, so level1_partials stages one image at a time (views of dx's
+    # buffer at an offset) on an even map.
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max, "wgrad_imgs": 1})
     monkeypatch.setattr(launch_plan, "DIRECT", direct)
     g = torch.Generator().manual_seed(3)
     c, k = 6, 3

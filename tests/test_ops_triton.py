@@ -778,29 +778,39 @@ def test_level1_on_load_matches_reference(shape, monkeypatch):
     assert names.count("_level1_kernel") == 2, names
 
 
-@pytest.mark.parametrize("dtype, shape", [
-    (torch.bfloat16, (1, 8, 12, 10, 5, 3, 1, True)),  # the default strips (the last one partial); C = 8: one block
-    (torch.float32, (1, 3, 12, 16, 3, 6, 1, False)),  # more levels than the map halves, two analysis launches
-    (torch.float16, (3, 4, 10, 8, 7, 1, 1, True)),  # one level: no coefficient buffer at all; images in 1 group
+@pytest.mark.parametrize("dtype, shape, imgs", [
+    (torch.bfloat16, (2, 8, 12, 10, 5, 3, 1, True), 1),  # the default strips (the last one partial); C = 8: one block
+    (torch.float32, (1, 3, 12, 16, 3, 6, 1, False), 4),  # more levels than the map halves, two analysis launches
+    (torch.float16, (3, 4, 10, 8, 7, 1, 1, True), 1),  # one level: no coefficient buffer at all; odd image count
 ], ids=["bf16-L3", "fp32-L6", "fp16-L1"])
-def test_level1_on_load_changes_no_bit(dtype, shape, monkeypatch):
+def test_level1_on_load_changes_no_bit(dtype, shape, imgs, monkeypatch):
     """l1_onload = 1 gives the output and every gradient bit for bit as l1_onload = 0 (level 1 analysed into a
     buffer): the subbands are rounded to the input's dtype as the analysis stores them, and every sum runs in the
-    same order. Narrow level-1 strips and channel blocks (l1_bw 2, l1_bc 2: masked lanes) as well as the default."""
+    same order. Level 1's weight gradients staged through the input gradient's buffer (l1_stage, in chunks of
+    half the batch's image groups: wgrad_imgs ``imgs``) and walked on load (l1_stage 0, and batches of one group);
+    narrow level-1 strips and channel blocks (l1_bw 4, l1_bc 2: masked lanes) as well as the default."""
     from wtconvnext.ops import triton_kernels as tk
 
     b, c, h, w, k, levels, stride, bias = shape
     params = [p.to(dtype) if p is not None else None for p in _params(c, k, levels, bias, torch.float64)]
     x = torch.randn(b, c, h, w, generator=torch.Generator().manual_seed(5)).to(DEVICE, dtype)
     x = x.contiguous(memory_format=torch.channels_last)
-    got = []
-    for tuning in ({"l1_onload": 0}, {"l1_onload": 1}, {"l1_onload": 1, "l1_bw": 4, "l1_bc": 2, "wgrad_pair": 0}):
-        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, **tuning})
+    names = _spy_launches(monkeypatch)
+    got, walks = [], []
+    for tuning in ({"l1_onload": 0}, {"l1_onload": 1}, {"l1_onload": 1, "l1_stage": 0},
+                   {"l1_onload": 1, "l1_bw": 4, "l1_bc": 2, "wgrad_pair": 0}):
+        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, "wgrad_imgs": imgs, **tuning})
         assert tk.onload_applies(x, levels, 1) == bool(tuning["l1_onload"])
+        names.clear()
         got.append(_run(x, params, stride, "triton")[0])  # (the same dy: a fixed seed)
-    for name, a, e1, e2 in zip([n for n in NAMES if bias or n != "dbias"], *got):
-        assert torch.equal(a, e1), name
-        assert torch.equal(a, e2), name
+        walks.append(names.count("_wgrad_kernel"))
+    for name, a, *others in zip([n for n in NAMES if bias or n != "dbias"], *got):
+        for i, e in enumerate(others):
+            assert torch.equal(a, e), (name, i)
+    # Level 1's walks: one on load, or one per chunk of images staged (b // 2 images each); with levels > 1 the
+    # pair kernel walks the base and levels 2..L (wgrad_pair 0: two more launches, the base's and the levels').
+    staged = -(-b // (b // 2 // imgs * imgs)) if b // 2 // imgs else 1
+    assert walks[1:3] == [staged + (levels == 1), 1 + (levels == 1)], walks
 
 
 def test_level1_on_load_applies_where_it_can(monkeypatch):

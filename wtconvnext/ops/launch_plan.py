@@ -92,14 +92,14 @@ class _Recorder:
         self.ops.append((_ALLOC, self.n, shape, dtype, fmt))
         self.n += 1
 
-    def view(self, t: Tensor, base: Tensor, shape: tuple[int, ...], stride: tuple[int, ...]) -> None:
+    def view(self, t: Tensor, base: Tensor, shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> None:
         slot = self.slots.get(id(base))
         if slot is None:  # a view of a tensor the pass made without empty(): not replayable
             self.ok = False
             return
         self.slots[id(t)] = self.n
         self.alive.append(t)
-        self.ops.append((_VIEW, self.n, slot, shape, stride))
+        self.ops.append((_VIEW, self.n, slot, shape, stride, offset))
         self.n += 1
 
     def launch(self, call: Callable[..., Any], args: Sequence[Any], direct: Optional[tuple] = None) -> None:
@@ -230,7 +230,8 @@ class _Plan:
                 lines.append(f"    {names[op[1]]} = _empty(shape{i}, dtype=dtype{i}, device=device, "
                              f"memory_format=fmt{i})")
             elif op[0] == _VIEW:
-                lines.append(f"    {names[op[1]]} = {names[op[2]]}.as_strided({op[3]!r}, {op[4]!r})")
+                at = f", {names[op[2]]}.storage_offset() + {op[5]}" if op[5] else ""
+                lines.append(f"    {names[op[1]]} = {names[op[2]]}.as_strided({op[3]!r}, {op[4]!r}{at})")
             else:
                 lines.append(f"    {names[op[1]]} = None")
         if graphs:
@@ -420,13 +421,13 @@ def base_of(t: Tensor) -> Tensor:
     return hit[1] if hit is not None and hit[0] is t else t
 
 
-def view(base: Tensor, shape: tuple[int, ...], stride: tuple[int, ...]) -> Tensor:
-    """``base.as_strided(shape, stride)`` (from base's first element) for a pass's buffers and outputs: a
-    recorded view of a recorded buffer while a plan is being recorded."""
-    t = base.as_strided(shape, stride)
+def view(base: Tensor, shape: tuple[int, ...], stride: tuple[int, ...], offset: int = 0) -> Tensor:
+    """``base.as_strided(shape, stride)`` from ``offset`` elements past base's first for a pass's buffers and
+    outputs: a recorded view of a recorded buffer while a plan is being recorded."""
+    t = base.as_strided(shape, stride, base.storage_offset() + offset)
     rec = _STATE.rec
     if rec is not None:
-        rec.view(t, base, tuple(shape), tuple(stride))
+        rec.view(t, base, tuple(shape), tuple(stride), offset)
     return t
 
 

@@ -46,8 +46,8 @@ from torch import Tensor
 
 from . import launch_plan as _plan
 
-__all__ = ["folded_weights", "coefficients", "wtconv_forward", "weight_partials", "param_grads", "level_sizes",
-           "batch_chunks", "TUNING"]
+__all__ = ["folded_weights", "coefficients", "wtconv_forward", "weight_partials", "level1_partials", "param_grads",
+           "level_sizes", "batch_chunks", "TUNING"]
 
 # Levels one analysis / synthesis launch covers: a program's patch is 2^5 x 2^5 pixels of the map it starts from.
 PATCH_LEVELS = 5
@@ -507,7 +507,7 @@ def _wgrad_kernel(
     level's subbands in one launch. DSUM: also the sum of dy (the bias gradient). The B images of a launch may be a
     chunk of a larger batch: each program writes the row it has in the whole batch's launch (level-major, then
     group, then strip), so the partials and their fixed-order sum do not depend on the chunking. SKIP1: the
-    coefficient buffers hold levels 2..L only (the launch runs their programs); ONLOAD (LEVELS = 1, CC = 4C): level
+    coefficient buffers and the partial rows hold levels 2..L only (the launch runs their programs); ONLOAD (LEVELS = 1, CC = 4C): level
     1's programs on the (H, W) maps x and dy themselves, each subband made as it loads (_wgrad_load)."""
     _wgrad_program(tl.program_id(0), tl.program_id(1), x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC, K, TP,
                    LEVELS, BW, BC, DSUM, COMPUTE, UNROLL, SKIP1, ONLOAD)
@@ -559,6 +559,8 @@ def _wgrad_program(pid, cb, x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC: t
             off -= tl.cast(B * h1 * w1, tl.int64) * CC
         local = pid - st
         first, _ = _level_rows(lv, H, W, GT * IMGS, IMGS, BW, LEVELS)
+        if SKIP1:  # and level 1's partial rows in their own buffer
+            first -= _level_count(w1, GT * IMGS, IMGS, BW)
         xb0 = x_ptr + off
         gb0 = g_ptr + off
     else:
@@ -932,8 +934,6 @@ def _group_tile(C: tl.constexpr, KK: tl.constexpr, TP: tl.constexpr, BLOCK_C: tl
     return tl.program_id(1), t, c1, c1 < C, (t < KK) & (c1[None, :] < C)
 
 
-
-
 @triton.jit
 def _fold_kernel(
     w_ptr, b_ptr, bs_ptr, ww_ptr, ws_ptr,  # the layer's parameters, contiguous, in their own dtype
@@ -993,12 +993,17 @@ def _param_grads_kernel(
     C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr, ROUND: tl.constexpr,  # as _fold_kernel
     RB: tl.constexpr,  # partial rows summed per step
+    SPLIT: tl.constexpr = 0,  # 1: the base and levels 2..L (lpart: their rows only); 2: level 1 (lpart: its rows)
 ):
     """Partials summed in a fixed order, then the chain rule through the folding, one program per channel block
     and group (axis 1: 0 the base, 1 + 4 (i - 1) + s subband s of level i): ``d W = scale * corr``,
     ``d scale = sum_taps W * corr`` (+ ``bias * sum dy`` for base_scale), ``d bias = base_scale * sum dy``."""
     KK: tl.constexpr = K * K
     g, t, c1, cm1, tm = _group_tile(C, KK, TP, BLOCK_C)
+    if SPLIT == 1:
+        g += 4 * (g > 0)
+    if SPLIT == 2:
+        g += 1
     cc = c1[None, :]
     if g == 0:
         corr = _partial_sum(bpart_ptr, 0, R0, t, cc, (t <= KK) & (cc < C), C, TP, BLOCK_C, RB, COMPUTE)
@@ -1016,6 +1021,8 @@ def _param_grads_kernel(
         lv = (g - 1) // 4 + 1
         s = (g - 1) % 4
         first, rows = _level_rows(lv, H, W, B, IMGS, BW, LEVELS)
+        if SPLIT == 1:
+            first -= _level_count((W + 1) // 2, B, IMGS, BW)
         corr = _partial_sum(lpart_ptr + s * C, first, rows, t, cc, tm, 4 * C, TP, BLOCK_C, RB, COMPUTE)
         lc = (lv - 1) * C + c1  # (level, channel) row of the wavelet parameters
         sc = _param(ws_ptr, lc * 4 + s, cm1, ROUND, COMPUTE)
@@ -1123,8 +1130,13 @@ TUNING: dict[str, int] = {
     # _level1_kernel's columns, channels and warps per program (H100, session 42, proto_level1.py: 2 / 32 / 1 at
     # 0.92x the analysis + level convolution it replaces at 56 x 56, 0.98-0.99x at 28 x 28).
     "l1_onload": 1, "l1_bw": 2, "l1_bc": 32, "l1_warps": 1,
+    # l1_stage = 1: with level 1 on load, the backward's level-1 weight gradients analyse x's and dy's level 1 into
+    # the input gradient's buffer (dead until its pass) half a batch at a time and walk them as stored coefficients
+    # (level1_partials); 0: one walk making every subband value from four loads (_wgrad_load), which cost 0.10-0.13
+    # ms per fwd + bwd at 56 x 56 / 28 x 28 against l1_onload = 0 (H100, bf16, B=128, bench_layer, session 44).
+    "l1_stage": 1,
 }
-_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1}  # 0 .. the value, not sizes
+_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "l1_stage": 1}  # 0 .. the value, not sizes
 _ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc")  # 0 turns the path off (conv_base_bc: the rule)
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
               "l1_bc")
@@ -1717,8 +1729,8 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     x and dy may be images ``first`` .. of a batch of ``batch`` (one of :func:`batch_chunks`' ranges): their rows
     are then written into ``parts`` (this function's result for an earlier chunk of the batch; allocated for the
     whole batch when None) where the whole batch's launch would write them, so the sums are bitwise the same.
-    ``onload``: the coefficient buffers hold levels 2..L only and level 1's partials are made from x and dy (its
-    subbands built as they load, one launch of its own), the same rows bit for bit."""
+    ``onload``: the coefficient buffers and the level partials hold levels 2..L only; level 1's rows are
+    :func:`level1_partials`'."""
     _check_cl(x, dy)
     bsz, ch, h, w = x.shape
     bw, warps, imgs = TUNING["wgrad_bw"], TUNING["wgrad_warps"], TUNING["wgrad_imgs"]
@@ -1733,29 +1745,21 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     unroll = bool(TUNING["wgrad_unroll"])
     if parts is None:
         base = _plan.empty((groups * _cdiv(w, bw), tp, ch), acc, x.device)
-        lev = _plan.empty((_level_programs(h, w, levels, bw, groups), tp, 4 * ch), acc,
-                          x.device) if levels else base
+        rows = _level_programs(h, w, levels, bw, groups) - (_level_programs(h, w, 1, bw, groups) if onload else 0)
+        lev = _plan.empty((rows, tp, 4 * ch), acc, x.device) if rows else base
     else:
         base, lev = parts
     spans = (first // imgs, groups)
     r0 = _cdiv(bsz, imgs) * _cdiv(w, bw)
     lbc = _block_c(4 * ch, TUNING["wgrad_bc"])
-    onload = bool(levels) and onload
-    # Level 1's programs where it is made on load (a launch of its own): the walks below run levels 2..L's.
-    skip = _level_programs(h, w, 1, bw, _cdiv(bsz, imgs)) if onload else 0
-    if onload:
-        # Rows one at a time: unrolled in blocks of K, four loads a value made the walk compile for more than six
-        # minutes for sm_90 (triton 3.8 on the CPU machine; two H100 calls' compiles did not finish), against 25 s.
-        _launch(
-            _wgrad_kernel, (skip, _cdiv(4 * ch, lbc)), (x, dy, lev, h, w, bsz, imgs, *spans), warps,
-            CC=4 * ch, K=k, TP=tp, LEVELS=1, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute, UNROLL=False, ONLOAD=True,
-        )
-    walked = levels > (1 if onload else 0)  # levels whose walks read the coefficient buffers
+    # Level 1 made on load: its programs are level1_partials', after the pass has freed x's coefficients.
+    skip = _level_programs(h, w, 1, bw, _cdiv(bsz, imgs)) if levels and onload else 0
+    walk = levels > 1 if onload else levels > 0
     # Not in a traced (triton_op) body: Inductor re-emits a user kernel's helper functions with a plain
     # @triton.jit, dropping _wgrad_program's noinline, so the pair would compile as one function (89 s for sm_90
     # on the CPU machine, four of them per WTConvNeXt) where two launches compile in parallel workers; the launch
     # it saves is host time, which Inductor's launches and CUDA graphs do not spend here. Same partials, bit for bit.
-    if walked and TUNING["wgrad_pair"] and not _TRACED.on:
+    if walk and TUNING["wgrad_pair"] and not _TRACED.on:
         _launch(
             _wgrad_pair_kernel,
             (r0 + _level_programs(h, w, levels, bw, _cdiv(bsz, imgs)) - skip,
@@ -1768,8 +1772,8 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
         _wgrad_kernel, (r0, _cdiv(ch, bc)), (x, dy, base, h, w, bsz, imgs, *spans),
         warps, CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll,
     )
-    if not walked:
-        return base, (lev if levels else base)
+    if not walk:
+        return base, lev
     _launch(
         _wgrad_kernel, (_level_programs(h, w, levels, bw, _cdiv(bsz, imgs)) - skip, _cdiv(4 * ch, lbc)),
         (coef_x, coef_dy, lev, h, w, bsz, imgs, *spans), warps,
@@ -1777,6 +1781,51 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
         SKIP1=skip > 0,
     )
     return base, lev
+
+
+def level1_partials(x: Tensor, dy: Tensor, k: int, scratch: Tensor) -> Tensor:
+    """Level 1's weight-gradient partial rows, which :func:`weight_partials` with ``onload`` leaves out (for
+    :func:`param_grads` with ``split`` 2): the same rows bit for bit as one walk over every level's coefficients.
+
+    x's and dy's level-1 subbands are analysed half a batch at a time (whole image groups of TUNING wgrad_imgs)
+    into ``scratch``, the channels-last input-gradient buffer, dead until its pass: as many elements as a map, so
+    they take no memory of their own, and the walk reads stored values. A batch too small for that (or TUNING
+    l1_stage 0) walks level 1 making each subband value as it loads (_wgrad_load: four loads a value)."""
+    _check_cl(x, dy, scratch)
+    bsz, ch, h, w = x.shape
+    bw, warps, imgs = TUNING["wgrad_bw"], TUNING["wgrad_warps"], TUNING["wgrad_imgs"]
+    tp, compute = _pow2(k * k + 1), _compute_dtype(x.dtype)
+    lbc = _block_c(4 * ch, TUNING["wgrad_bc"])
+    groups = _cdiv(bsz, imgs)
+    lev = _plan.empty((_level_programs(h, w, 1, bw, groups), tp, 4 * ch), _acc_dtype(x.dtype), x.device)
+    per = bsz // 2 // imgs * imgs
+    n1 = h * w * ch  # elements of one image's level-1 subbands, as of the image itself (h and w even)
+    if not (TUNING["l1_stage"] and per and scratch.dtype == x.dtype and scratch.numel() >= 2 * per * n1):
+        # Rows one at a time: unrolled in blocks of K, four loads a value made the walk compile for more than six
+        # minutes for sm_90 (triton 3.8 on the CPU machine; two H100 calls' compiles did not finish), against 25 s.
+        _launch(
+            _wgrad_kernel, (_level_programs(h, w, 1, bw, groups), _cdiv(4 * ch, lbc)),
+            (x, dy, lev, h, w, bsz, imgs, 0, groups), warps,
+            CC=4 * ch, K=k, TP=tp, LEVELS=1, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute, UNROLL=False, ONLOAD=True,
+        )
+        return lev
+    pbc = _block_c(ch, TUNING["patch_bc"])
+    m, pw, patches = _patches(h // 2, w // 2, 1, TUNING["patch_chunk"])
+    for b0 in range(0, bsz, per):
+        nb = min(per, bsz - b0)
+        cx = _plan.view(scratch, (nb * n1,), (1,))
+        cdy = _plan.view(scratch, (nb * n1,), (1,), nb * n1)
+        _launch(
+            _analysis_kernel, (nb * patches, _cdiv(ch, pbc), 2), (x, cx, dy, cdy, b0 * n1, 0, h, w, nb, pw, patches),
+            TUNING["patch_warps"], C=ch, SRC_PIX=ch, NL=1, M=m, BC=pbc, CHUNK=TUNING["patch_chunk"], COMPUTE=compute,
+        )
+        _launch(
+            _wgrad_kernel, (_level_programs(h, w, 1, bw, _cdiv(nb, imgs)), _cdiv(4 * ch, lbc)),
+            (cx, cdy, lev, h, w, nb, imgs, b0 // imgs, groups), warps,
+            CC=4 * ch, K=k, TP=tp, LEVELS=1, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute,
+            UNROLL=bool(TUNING["wgrad_unroll"]),
+        )
+    return lev
 
 
 def batch_chunks(x: Tensor, levels: int) -> tuple[tuple[int, int], ...]:
@@ -1797,32 +1846,40 @@ def batch_chunks(x: Tensor, levels: int) -> tuple[tuple[int, int], ...]:
 def param_grads(
     parts: tuple[Tensor, Tensor], x_shape: tuple[int, ...], weight: Tensor, bias: Optional[Tensor],
     base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor, round_to: Optional[torch.dtype] = None,
+    split: int = 0, grads: Optional[tuple[Tensor, ...]] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The parameters' gradients from :func:`weight_partials` (of an input of ``x_shape``), in one launch:
     ``(d weight, d bias, d base_scale, d wavelet_weight, d wavelet_scale)``, each contiguous in its parameter's
     shape and dtype (d bias in base_scale's dtype when there is no bias: the gradient a zero bias would get). With
     ``round_to`` (as given to :func:`folded_weights`), each is rounded through that dtype, as the backward of a
-    cast to it would."""
+    cast to it would.
+
+    ``split`` 1: the base's and levels 2..L's only (``parts`` from :func:`weight_partials` with ``onload``); 2:
+    level 1's only, into ``grads`` (the split-1 call's result), from ``parts = (p, p)`` with ``p`` the rows of
+    :func:`level1_partials`. Each partial row buffer can then be freed as soon as it is summed."""
     bpart, lpart = parts
     bsz, _, h, w = x_shape
     ch, k, levels = weight.shape[0], weight.shape[-1], wavelet_weight.shape[0]
     weight, base_scale = weight.contiguous(), base_scale.contiguous()
     wavelet_weight, wavelet_scale = wavelet_weight.contiguous(), wavelet_scale.contiguous()
-    d_weight, d_base_scale, d_ww, d_ws = (_plan.empty(p.shape, p.dtype, p.device)
-                                          for p in (weight, base_scale, wavelet_weight, wavelet_scale))
-    like = bias if bias is not None else base_scale  # a missing bias's gradient: the one a zero bias would get
-    d_bias = _plan.empty(like.shape, like.dtype, like.device)
+    if grads is None:
+        d_weight, d_base_scale, d_ww, d_ws = (_plan.empty(p.shape, p.dtype, p.device)
+                                              for p in (weight, base_scale, wavelet_weight, wavelet_scale))
+        like = bias if bias is not None else base_scale  # a missing bias's gradient: the one a zero bias would get
+        d_bias = _plan.empty(like.shape, like.dtype, like.device)
+    else:
+        d_weight, d_bias, d_base_scale, d_ww, d_ws = grads
     # A program per channel block and group (the base, every level's subbands), each summing its partial rows a
     # block of rows at a time: the loop waits on memory once per block, not once per row.
     bc = _block_c(ch, TUNING["pgrad_bc"])
     tp = bpart.shape[1]
     _launch(
-        _param_grads_kernel, (_cdiv(ch, bc), 1 + 4 * levels),
+        _param_grads_kernel, (_cdiv(ch, bc), (1 + 4 * levels, 1 + 4 * (levels - 1), 4)[split]),
         (bpart, lpart, weight, bias if bias is not None else base_scale, base_scale, wavelet_weight, wavelet_scale,
          d_weight, d_bias, d_base_scale, d_ww, d_ws, bpart.shape[0], h, w, bsz, TUNING["wgrad_imgs"]), 8,
         C=ch, K=k, TP=tp, LEVELS=levels, BW=TUNING["wgrad_bw"], HAS_BIAS=bias is not None,
         BLOCK_C=bc, COMPUTE=_compute_dtype(bpart.dtype), ROUND=_tl_dtype(round_to),
-        RB=max(2, 512 // tp),
+        RB=max(2, 512 // tp), SPLIT=split,
     )
     return d_weight, d_bias, d_base_scale, d_ww, d_ws
 

@@ -70,8 +70,8 @@ if TRITON_AVAILABLE:
     from . import compile_ahead as _ahead
     from . import launch_plan as _plan
     from . import triton_kernels as _tk
-    from .triton_kernels import (batch_chunks, coefficient_pair, folded_weights, input_grad_buffer, onload_applies,
-                                 param_grads, weight_partials, wtconv_forward)
+    from .triton_kernels import (batch_chunks, coefficient_pair, folded_weights, input_grad_buffer, level1_partials,
+                                 onload_applies, param_grads, weight_partials, wtconv_forward)
 
     def _planned(core, inputs: tuple, *consts, sig: Optional[tuple] = None, training: bool = False
                  ) -> tuple[tuple, Optional[tuple]]:
@@ -152,14 +152,20 @@ if TRITON_AVAILABLE:
             coef_dy, coef_x = coefficient_pair(dys, xs, levels, onload)  # (None, None) without a level to store
             parts = weight_partials(xs, dys, coef_x, coef_dy, k, levels, parts, b0, bsz, onload)
             del coef_x
+            sums = (tuple(xc.shape), weight, bias, base_scale, wavelet_weight, wavelet_scale, round_to)
             if i == len(chunks) - 1:
-                grads = param_grads(parts, tuple(xc.shape), weight, bias, base_scale, wavelet_weight, wavelet_scale,
-                                    round_to)
+                grads = param_grads(parts, *sums, split=int(onload))
                 parts = None
             if dx is None:
                 # One chunk: dy's coefficient buffer where the pass allows (input_grad_buffer), else a new map.
                 dx = (input_grad_buffer(dys, coef_dy, levels) if len(chunks) == 1 and not onload
                       else _plan.empty(tuple(xc.shape), xc.dtype, xc.device, torch.channels_last))
+            if onload:
+                # Level 1's partial rows, staged through dx's buffer once x's coefficients and the other rows are
+                # freed: the layer's peak stays that of the input-gradient pass.
+                lev1 = level1_partials(xs, dys, k, dx)
+                param_grads((lev1, lev1), *sums, split=2, grads=grads)
+                del lev1
             # The input gradient is the same WTConv applied to dy with every kernel rotated by 180 degrees, no bias.
             wtconv_forward(dys, _images(dx, b0, b1), base_w, None, level_w, 1, flip=True, coef=coef_dy,
                            onload=onload)
