@@ -70,12 +70,18 @@ def _golden_cases():
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("case", _golden_cases())
-def test_golden_layer_triton(case, dtype, tol):
+def test_golden_layer_triton(case, dtype, tol, monkeypatch):
     from safetensors.torch import load_file
 
-    if DEVICE == "cpu" and dtype == torch.float32 and "_H56_" in case:
-        # 110 s under the interpreter (CI time); float64 checks this case's math, and the GPU runs it in float32.
-        pytest.skip("the 56 x 56 golden case runs in float32 on the GPU only")
+    from wtconvnext.ops import triton_kernels as tk
+
+    if DEVICE == "cpu" and "_H56_" in case:
+        if dtype == torch.float32:
+            # 110 s under the interpreter (CI time); float64 checks this case's math, and the GPU runs it in float32.
+            pytest.skip("the 56 x 56 golden case runs in float32 on the GPU only")
+        # Image groups of one: level 1's weight gradients staged through dx's buffer, as a GPU batch of 128 takes
+        # them (two images otherwise make one group, walked on load), and 30 s less of the interpreter's time.
+        monkeypatch.setitem(tk.TUNING, "wgrad_imgs", 1)
 
     data = load_file(str(GOLDEN / case))
     c = data["x"].shape[1]
@@ -778,17 +784,18 @@ def test_level1_on_load_matches_reference(shape, monkeypatch):
     assert names.count("_level1_kernel") == 2, names
 
 
-@pytest.mark.parametrize("dtype, shape, imgs", [
-    (torch.bfloat16, (2, 8, 12, 10, 5, 3, 1, True), 1),  # the default strips (the last one partial); C = 8: one block
-    (torch.float32, (1, 3, 12, 16, 3, 6, 1, False), 4),  # more levels than the map halves, two analysis launches
-    (torch.float16, (3, 4, 10, 8, 7, 1, 1, True), 1),  # one level: no coefficient buffer at all; odd image count
+@pytest.mark.parametrize("dtype, shape, imgs, narrow", [
+    (torch.bfloat16, (2, 8, 12, 10, 5, 3, 1, True), 1, False),  # the default strips (the last one partial); one block
+    (torch.float32, (1, 3, 12, 16, 3, 6, 1, False), 4, True),  # more levels than the map halves, two analysis launches
+    (torch.float16, (3, 4, 10, 8, 7, 1, 1, True), 1, False),  # one level: no coefficient buffer at all; odd images
 ], ids=["bf16-L3", "fp32-L6", "fp16-L1"])
-def test_level1_on_load_changes_no_bit(dtype, shape, imgs, monkeypatch):
+def test_level1_on_load_changes_no_bit(dtype, shape, imgs, narrow, monkeypatch):
     """l1_onload = 1 gives the output and every gradient bit for bit as l1_onload = 0 (level 1 analysed into a
     buffer): the subbands are rounded to the input's dtype as the analysis stores them, and every sum runs in the
     same order. Level 1's weight gradients staged through the input gradient's buffer (l1_stage, in chunks of
     half the batch's image groups: wgrad_imgs ``imgs``) and walked on load (l1_stage 0, and batches of one group);
-    narrow level-1 strips and channel blocks (l1_bw 4, l1_bc 2: masked lanes) as well as the default."""
+    narrow level-1 strips and channel blocks (l1_bw 4, l1_bc 2: masked lanes) as well as the default (``narrow``: one
+    case, for the interpreter's time)."""
     from wtconvnext.ops import triton_kernels as tk
 
     b, c, h, w, k, levels, stride, bias = shape
@@ -797,8 +804,10 @@ def test_level1_on_load_changes_no_bit(dtype, shape, imgs, monkeypatch):
     x = x.contiguous(memory_format=torch.channels_last)
     names = _spy_launches(monkeypatch)
     got, walks = [], []
-    for tuning in ({"l1_onload": 0}, {"l1_onload": 1}, {"l1_onload": 1, "l1_stage": 0},
-                   {"l1_onload": 1, "l1_bw": 4, "l1_bc": 2, "wgrad_pair": 0}):
+    tunings = [{"l1_onload": 0}, {"l1_onload": 1}, {"l1_onload": 1, "l1_stage": 0}]
+    if narrow:
+        tunings.append({"l1_onload": 1, "l1_bw": 4, "l1_bc": 2, "wgrad_pair": 0})
+    for tuning in tunings:
         monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, "wgrad_imgs": imgs, **tuning})
         assert tk.onload_applies(x, levels, 1) == bool(tuning["l1_onload"])
         names.clear()

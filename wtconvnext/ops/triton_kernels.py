@@ -558,9 +558,7 @@ def _wgrad_program(pid, cb, x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC: t
         if SKIP1:
             off -= tl.cast(B * h1 * w1, tl.int64) * CC
         local = pid - st
-        first, _ = _level_rows(lv, H, W, GT * IMGS, IMGS, BW, LEVELS)
-        if SKIP1:  # and level 1's partial rows in their own buffer
-            first -= _level_count(w1, GT * IMGS, IMGS, BW)
+        first, _ = _level_rows(lv, H, W, GT * IMGS, IMGS, BW, LEVELS, SKIP1)  # (level 1's rows: their own buffer)
         xb0 = x_ptr + off
         gb0 = g_ptr + off
     else:
@@ -966,8 +964,9 @@ def _fold_kernel(
 
 
 @triton.jit
-def _level_rows(g, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr):
-    """(first partial row, rows) of level g in a weight-gradient launch over every level (see _level_of)."""
+def _level_rows(g, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr, SKIP1: tl.constexpr = False):
+    """(first partial row, rows) of level g in a weight-gradient launch over every level (see _level_of); SKIP1:
+    in a buffer of levels 2..L's rows only (g > 1)."""
     h = H
     w = W
     start = g * 0
@@ -979,7 +978,8 @@ def _level_rows(g, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr):
         n = _level_count(w, B, IMGS, BW)
         first = tl.where(g == i + 1, start, first)
         rows = tl.where(g == i + 1, n, rows)
-        start += n
+        if not (SKIP1 and i == 0):
+            start += n
     return first, rows
 
 
@@ -1020,9 +1020,7 @@ def _param_grads_kernel(
     else:
         lv = (g - 1) // 4 + 1
         s = (g - 1) % 4
-        first, rows = _level_rows(lv, H, W, B, IMGS, BW, LEVELS)
-        if SPLIT == 1:
-            first -= _level_count((W + 1) // 2, B, IMGS, BW)
+        first, rows = _level_rows(lv, H, W, B, IMGS, BW, LEVELS, SPLIT == 1)
         corr = _partial_sum(lpart_ptr + s * C, first, rows, t, cc, tm, 4 * C, TP, BLOCK_C, RB, COMPUTE)
         lc = (lv - 1) * C + c1  # (level, channel) row of the wavelet parameters
         sc = _param(ws_ptr, lc * 4 + s, cm1, ROUND, COMPUTE)
@@ -1481,15 +1479,20 @@ def coefficient_pair(a: Tensor, b: Tensor, levels: int,
     return _analyse((a, b), levels, skip1)
 
 
-def _analyse(maps: tuple[Tensor, ...], levels: int, skip1: bool = False) -> tuple[Tensor, ...]:
+def _analyse(maps: tuple[Tensor, ...], levels: int, skip1: bool = False, bufs: Optional[tuple[Tensor, ...]] = None,
+             images: Optional[tuple[int, int]] = None) -> tuple[Tensor, ...]:
     """The coefficient buffers of ``maps``; ``skip1``: of levels 2..L only (level 1's region left out, the others
-    where they would be, shifted by its size), level 1 made on the fly from the maps (callers skip levels < 2)."""
+    where they would be, shifted by its size), level 1 made on the fly from the maps (callers skip levels < 2).
+    ``images`` ``(b0, n)``: of the maps' images b0 .. b0 + n - 1 only; ``bufs``: into these (one per map, flat,
+    sized for those images) rather than new buffers."""
     _check_cl(*maps)
     bsz, ch, h, w = maps[0].shape
+    b0, bsz = images if images is not None else (0, bsz)
     sizes = level_sizes(h, w, levels)
     offs = _offsets(bsz, ch, h, w, levels)
     base = offs[1] if skip1 else 0
-    bufs = tuple(_plan.empty((offs[-1] - base,), m.dtype, m.device) for m in maps)
+    if bufs is None:
+        bufs = tuple(_plan.empty((offs[-1] - base,), m.dtype, m.device) for m in maps)
     # The second map's buffer, which only programs (., ., 1) write; with one map a one-element stand-in, never the
     # first buffer again. Every written argument of a launch gets a buffer of its own: torch's analysis of a traced
     # launch counts both pointers as written (the kernel picks one at run time), and a functional kernel call writes
@@ -1497,7 +1500,7 @@ def _analyse(maps: tuple[Tensor, ...], levels: int, skip1: bool = False) -> tupl
     # were garbage). (On the default path the stand-in sits in the pass's workspace: no allocation of its own.)
     dst2 = bufs[-1] if len(maps) > 1 else _plan.empty((1,), maps[0].dtype, maps[0].device)
     bc = _block_c(ch, TUNING["patch_bc"])
-    srcs, src_off, pix = maps, 0, ch
+    srcs, src_off, pix = maps, b0 * h * w * ch, ch
     for first, nl in _chunks(levels, 2 if skip1 else 1):
         m, pw, patches = _patches(*sizes[first], nl, TUNING["patch_chunk"])
         skip = skip1 and first == 2
@@ -1719,6 +1722,15 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
     )
 
 
+def _walk_shape(x: Tensor, k: int) -> tuple[int, int, int, int, int, int, Any]:
+    """(bw, warps, imgs, tp, bc, lbc, compute) of the weight-gradient walks over ``x`` and its coefficients: strip
+    width, warps, images a program, taps padded (dy's sum in lane K*K), channels a program of the base map and of
+    the levels' 4C subband channels, the compute dtype."""
+    ch = x.shape[1]
+    return (TUNING["wgrad_bw"], TUNING["wgrad_warps"], TUNING["wgrad_imgs"], _pow2(k * k + 1),
+            _block_c(ch, TUNING["wgrad_bc"]), _block_c(4 * ch, TUNING["wgrad_bc"]), _compute_dtype(x.dtype))
+
+
 def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Optional[Tensor], k: int,
                     levels: int, parts: Optional[tuple[Tensor, Tensor]] = None, first: int = 0,
                     batch: Optional[int] = None, onload: bool = False) -> tuple[Tensor, Tensor]:
@@ -1733,15 +1745,12 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     :func:`level1_partials`'."""
     _check_cl(x, dy)
     bsz, ch, h, w = x.shape
-    bw, warps, imgs = TUNING["wgrad_bw"], TUNING["wgrad_warps"], TUNING["wgrad_imgs"]
+    bw, warps, imgs, tp, bc, lbc, compute = _walk_shape(x, k)
     batch = bsz if batch is None else batch
     if first % imgs or first + bsz > batch:
         raise ValueError(f"images {first}..{first + bsz - 1} of {batch} do not start a group of {imgs}")
-    tp = _pow2(k * k + 1)
     groups = _cdiv(batch, imgs)
     acc = _acc_dtype(x.dtype)
-    compute = _compute_dtype(x.dtype)
-    bc = _block_c(ch, TUNING["wgrad_bc"])
     unroll = bool(TUNING["wgrad_unroll"])
     if parts is None:
         base = _plan.empty((groups * _cdiv(w, bw), tp, ch), acc, x.device)
@@ -1751,7 +1760,6 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
         base, lev = parts
     spans = (first // imgs, groups)
     r0 = _cdiv(bsz, imgs) * _cdiv(w, bw)
-    lbc = _block_c(4 * ch, TUNING["wgrad_bc"])
     # Level 1 made on load: its programs are level1_partials', after the pass has freed x's coefficients.
     skip = _level_programs(h, w, 1, bw, _cdiv(bsz, imgs)) if levels and onload else 0
     walk = levels > 1 if onload else levels > 0
@@ -1793,14 +1801,11 @@ def level1_partials(x: Tensor, dy: Tensor, k: int, scratch: Tensor) -> Tensor:
     l1_stage 0) walks level 1 making each subband value as it loads (_wgrad_load: four loads a value)."""
     _check_cl(x, dy, scratch)
     bsz, ch, h, w = x.shape
-    bw, warps, imgs = TUNING["wgrad_bw"], TUNING["wgrad_warps"], TUNING["wgrad_imgs"]
-    tp, compute = _pow2(k * k + 1), _compute_dtype(x.dtype)
-    lbc = _block_c(4 * ch, TUNING["wgrad_bc"])
+    bw, warps, imgs, tp, _, lbc, compute = _walk_shape(x, k)
     groups = _cdiv(bsz, imgs)
     lev = _plan.empty((_level_programs(h, w, 1, bw, groups), tp, 4 * ch), _acc_dtype(x.dtype), x.device)
     per = bsz // 2 // imgs * imgs
-    n1 = h * w * ch  # elements of one image's level-1 subbands, as of the image itself (h and w even)
-    if not (TUNING["l1_stage"] and per and scratch.dtype == x.dtype and scratch.numel() >= 2 * per * n1):
+    if not (TUNING["l1_stage"] and per):
         # Rows one at a time: unrolled in blocks of K, four loads a value made the walk compile for more than six
         # minutes for sm_90 (triton 3.8 on the CPU machine; two H100 calls' compiles did not finish), against 25 s.
         _launch(
@@ -1809,16 +1814,13 @@ def level1_partials(x: Tensor, dy: Tensor, k: int, scratch: Tensor) -> Tensor:
             CC=4 * ch, K=k, TP=tp, LEVELS=1, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute, UNROLL=False, ONLOAD=True,
         )
         return lev
-    pbc = _block_c(ch, TUNING["patch_bc"])
-    m, pw, patches = _patches(h // 2, w // 2, 1, TUNING["patch_chunk"])
+    n1 = h * w * ch  # elements of one image's level-1 subbands, as of the image itself (h and w even)
+    assert scratch.dtype == x.dtype and scratch.numel() >= 2 * per * n1, "scratch: dx's buffer, x's shape and dtype"
     for b0 in range(0, bsz, per):
         nb = min(per, bsz - b0)
         cx = _plan.view(scratch, (nb * n1,), (1,))
         cdy = _plan.view(scratch, (nb * n1,), (1,), nb * n1)
-        _launch(
-            _analysis_kernel, (nb * patches, _cdiv(ch, pbc), 2), (x, cx, dy, cdy, b0 * n1, 0, h, w, nb, pw, patches),
-            TUNING["patch_warps"], C=ch, SRC_PIX=ch, NL=1, M=m, BC=pbc, CHUNK=TUNING["patch_chunk"], COMPUTE=compute,
-        )
+        _analyse((x, dy), 1, bufs=(cx, cdy), images=(b0, nb))
         _launch(
             _wgrad_kernel, (_level_programs(h, w, 1, bw, _cdiv(nb, imgs)), _cdiv(4 * ch, lbc)),
             (cx, cdy, lev, h, w, nb, imgs, b0 // imgs, groups), warps,
