@@ -10,6 +10,13 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PYTHON="${PYTHON:-python3}"
+# No pip cache: where torch cannot come from the machine's local index it is a multi-GB download from PyPI, and a
+# cached copy beside the installed one once filled a CI machine's disk (OSError 28 during the torch install).
+export PIP_NO_CACHE_DIR=1
+free_mb=$(df -Pm . | awk 'NR == 2 {print $4}')
+if [ "${free_mb:-0}" -lt 12000 ] && [ ! -x .venv/bin/python ]; then
+    echo "setup: warning: ${free_mb} MB free here; a venv with a CUDA build of torch downloaded from PyPI needs ~12 GB" >&2
+fi
 if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv with $("$PYTHON" --version 2>&1)"
     "$PYTHON" -m venv .venv

@@ -78,10 +78,12 @@ def _level_at(H, W, B, J: tl.constexpr, CC: tl.constexpr):
 
 
 @triton.jit
-def _level_of(pid, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr, CC: tl.constexpr):
+def _level_of(pid, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr, CC: tl.constexpr,
+              SKIP1: tl.constexpr = False):
     """Which level program ``pid`` of a launch over every level works on (levels 1..L in order, each with
     _level_count programs): (level, h_i, w_i, its first program, its element offset in a flat per-level buffer of
-    CC channels, int64)."""
+    CC channels, int64). SKIP1: the launch and the buffer hold levels 2..L only (level 1 has neither programs nor
+    a region)."""
     h = H
     w = W
     start = pid * 0
@@ -94,15 +96,16 @@ def _level_of(pid, H, W, B, IMGS, BW: tl.constexpr, LEVELS: tl.constexpr, CC: tl
     for i in tl.static_range(LEVELS):
         h = (h + 1) // 2
         w = (w + 1) // 2
-        n = _level_count(w, B, IMGS, BW)
-        sel = (pid >= start) & (pid < start + n)
-        lv = tl.where(sel, i + 1, lv)
-        hs = tl.where(sel, h, hs)
-        ws = tl.where(sel, w, ws)
-        st = tl.where(sel, start, st)
-        of = tl.where(sel, off, of)
-        start += n
-        off += tl.cast(B * h * w, tl.int64) * CC
+        if not (SKIP1 and i == 0):
+            n = _level_count(w, B, IMGS, BW)
+            sel = (pid >= start) & (pid < start + n)
+            lv = tl.where(sel, i + 1, lv)
+            hs = tl.where(sel, h, hs)
+            ws = tl.where(sel, w, ws)
+            st = tl.where(sel, start, st)
+            of = tl.where(sel, off, of)
+            start += n
+            off += tl.cast(B * h * w, tl.int64) * CC
     return lv, hs, ws, st, of
 
 
@@ -550,13 +553,7 @@ def _wgrad_program(pid, cb, x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC: t
                    COMPUTE: tl.constexpr, UNROLL: tl.constexpr, SKIP1: tl.constexpr, ONLOAD: tl.constexpr):
     """Program ``pid`` (of its map or maps) and channel block ``cb`` of _wgrad_kernel."""
     if LEVELS > 0:
-        if SKIP1:  # level 1's programs and region are not in this launch
-            h1 = (H + 1) // 2
-            w1 = (W + 1) // 2
-            pid += _level_count(w1, B, IMGS, BW)
-        lv, h, w, st, off = _level_of(pid, H, W, B, IMGS, BW, LEVELS, CC)
-        if SKIP1:
-            off -= tl.cast(B * h1 * w1, tl.int64) * CC
+        lv, h, w, st, off = _level_of(pid, H, W, B, IMGS, BW, LEVELS, CC, SKIP1)
         local = pid - st
         first, _ = _level_rows(lv, H, W, GT * IMGS, IMGS, BW, LEVELS, SKIP1)  # (level 1's rows: their own buffer)
         xb0 = x_ptr + off
