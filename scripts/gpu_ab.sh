@@ -2,7 +2,7 @@
 # The kernels' GPU checks, A/Bs and benchmarks (issue 14 on), step by step in device calls of at most 10 minutes.
 #   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [layer] [profile] [compiled] [pmodel]
 #                          [graphs] [host] [launch] [pair] [pgrad] [eager] [warm] [parity] [patch] [cmodel]
-#                          [sizes] [dense] [trainbench] [cold] [ahead]
+#                          [sizes] [dense] [trainbench] [cold] [ahead] [level1]
 # TCACHE=DIR: Triton's compiled kernels and Inductor's cache are unpacked from DIR first and packed into OUTDIR last
 # (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles. The parts (binaries only,
 # 15 MiB each) must come back as files of their own: with $OUT set (the device machine) they are copied there, beside
@@ -39,7 +39,7 @@ if [[ -n "${TCACHE:-}" ]]; then
   # On the device machine ($OUT set) the parts are also copied there: files of their own, as the return needs.
   trap 'bash scripts/triton_cache.sh pack "$out" && if [[ -n "${OUT:-}" ]]; then cp "$out"/triton_cache.tgz.part* "$out"/inductor.tgz.part* "$OUT"/ 2>/dev/null; fi' EXIT
 fi
-more="traced_op or compiled_ or synthesising or wgrad_rows or compile_fullgraph or one_launch or ttir or small_maps or launch_plan or replay or graph_mode or compiled_static or compile_once_in_the_pool"
+more="level1_on_load or traced_op or compiled_ or synthesising or wgrad_rows or compile_fullgraph or one_launch or ttir or small_maps or launch_plan or replay or graph_mode or compiled_static or compile_once_in_the_pool"
 if [[ "$what" == *warm* ]]; then
   # Compile the layer's kernel specialisations for the steps below in parallel processes (warm_kernels.py): one
   # process compiling them one after another spent the steps' time limits (session 22). In the background, beside
@@ -62,6 +62,18 @@ fi
 if [[ -n "${warm_pid:-}" ]]; then
   wait "$warm_pid" || rc=1
   tail -2 "$out/warm.txt"
+fi
+if [[ "$what" == *level1* ]]; then
+  # Level 1 on load (issue 14): its weight gradients staged (the default), walked on load (l1_stage=0), and stored
+  # level 1 (l1_onload=0), against cuDNN, bf16 B=128, at LEVEL1_SHAPES (default 56^2 and 28^2, where it applies;
+  # about 4 minutes on an H100 with the compiles); then the GPU test that the three agree bit for bit.
+  shapes="${LEVEL1_SHAPES:-0 1}"
+  step 170 level1_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 --stages $shapes \
+    --modes train --variants l1_onload=0 l1_stage=0
+  step 120 level1_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $shapes \
+    --variants l1_onload=0 l1_stage=0 --impls wtconv_triton_cl wtconv_triton_cl+l1_onload=0 \
+    wtconv_triton_cl+l1_stage=0 dw7_cl dw5_cl --out "$out/level1_layer.json"
+  step 150 level1_test.txt "$py" -m pytest -q -rs tests/gpu/test_gpu.py -k level1_on_load
 fi
 if [[ "$what" == *abrows* ]]; then  # today's FMA kernels against an earlier copy ($AB_BASELINE, e.g. of 123b293)
   if [[ -f "${AB_BASELINE:-}" ]]; then
