@@ -8,7 +8,7 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 # A torch.profiler session leaves CUPTI's callbacks in place after it ends unless Kineto is told to tear CUPTI down
 # (pytorch/pytorch#144455): every later kernel launch of the process then pays for them, and a model with more
@@ -73,6 +73,23 @@ def write_json(path: str | Path, payload: Any) -> None:
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text(json.dumps(payload, indent=1))
     tmp.replace(out)
+
+
+def layer_chain(layer: Callable[..., Tensor], x: Tensor, params: Sequence[Tensor], dy: Tensor, n: int
+                ) -> Callable[[], None]:
+    """A function that runs ``layer(y, *params_i)`` for n copies of ``params`` in a chain from x, then one backward
+    to x and every copy: per layer, the host time a layer adds to a model's step (where a single layer's
+    ``torch.autograd.grad`` also pays the engine's fixed cost of a backward call, which a step pays once)."""
+    groups = [[t.detach().clone().requires_grad_() for t in params] for _ in range(n)]
+    inputs = [x, *(t for group in groups for t in group)]
+
+    def run() -> None:
+        y = x
+        for group in groups:
+            y = layer(y, *group)
+        torch.autograd.grad(y, inputs, dy)
+
+    return run
 
 
 def wall_us(fn, iters: int) -> float:

@@ -27,6 +27,10 @@ channels_last, in five modes, so that no kernel runs:
 
 ``stub`` and ``kept`` run with launch plans off.
 
+``chain_us``: per layer of ``--chain`` layers of the shape run in a chain with one backward (benchmarks.common
+.layer_chain), the host time a layer adds to a model's step: a single layer's ``torch.autograd.grad`` also pays the
+engine's fixed cost of a backward call, which a step pays once (``op``: none, it has no autograd).
+
 The launch outputs are left uninitialised. Per mode and shape it prints the median wall time of one forward and
 of one forward + backward over ``--iters`` timed iterations (in ``--rounds`` rounds, the modes alternating) and
 writes JSON. CPU figures: the absolute times are this machine's, torch's CPU allocator stands in for the CUDA
@@ -53,7 +57,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import report, wtconv_inputs  # noqa: E402
+from benchmarks.common import layer_chain, report, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import launch_plan  # noqa: E402
 from wtconvnext.ops import small_kernels as sk  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
@@ -150,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=20, help="the iterations split into rounds, modes alternating")
     ap.add_argument("--shapes", type=int, default=len(STAGES), help="the first N stage shapes")
+    ap.add_argument("--chain", type=int, default=8, help="layers in the chained rows (0: none)")
     ap.add_argument("--tiny", action="store_true", help="one tiny shape (C=8, 9x9, 2 levels): a check of the script")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -168,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         def fwd_bwd() -> None:
             torch.autograd.grad(wtconv2d(x, *ps, backend="triton"), [x, *ps], dy)
 
+        chain = layer_chain(lambda *a: wtconv2d(*a, backend="triton"), x, ps, dy, args.chain) if args.chain else None
         xd, low = x.detach(), [t.detach() for t in ps]
 
         def op_fwd() -> None:
@@ -185,16 +191,23 @@ def main(argv: list[str] | None = None) -> int:
                     fns = (("fwd", op_fwd), ("fwd_bwd", op_fwd_bwd)) if mode == "op" else (("fwd", fwd), ("fwd_bwd", fwd_bwd))
                     for name, fn in fns:
                         times.setdefault((mode, name), []).extend(sample_ns(fn, -(-args.iters // args.rounds)))
+                    if chain is not None and mode != "op":
+                        per = -(-args.iters // (args.rounds * args.chain))
+                        times.setdefault((mode, "chain"), []).extend(t / args.chain for t in sample_ns(chain, per))
         for mode in MODES:
             rows.append(dict(mode=mode, C=c, H=h, W=w, levels=levels, B=1, dtype="bf16",
                              iters=len(times[mode, "fwd"]),
-                             **{f"{name}_us": statistics.median(times[mode, name]) / 1e3 for name in ("fwd", "fwd_bwd")}))
-    hdr = f"{'mode':9} {'C, H, L':14} {'fwd us':>8} {'fwd+bwd us':>11}"
-    lines = [f"{r['mode']:9} {r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['fwd_us']:8.1f} {r['fwd_bwd_us']:11.1f}"
-             for r in rows]
+                             **{f"{name}_us": statistics.median(times[mode, name]) / 1e3 for name in ("fwd", "fwd_bwd")},
+                             chain=args.chain,
+                             chain_us=(statistics.median(times[mode, "chain"]) / 1e3 if (mode, "chain") in times
+                                       else None)))
+    hdr = f"{'mode':9} {'C, H, L':14} {'fwd us':>8} {'fwd+bwd us':>11} {'chain us/layer':>15}"
+    lines = [f"{r['mode']:9} {r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['fwd_us']:8.1f} {r['fwd_bwd_us']:11.1f} "
+             + (f"{r['chain_us']:15.1f}" if r["chain_us"] is not None else f"{'-':>15}") for r in rows]
     env = dict(cpu=platform.processor() or platform.machine(), torch=torch.__version__, python=platform.python_version(),
                date=time.strftime("%Y-%m-%d %H:%M:%S"))
-    report(args.out, env, hdr, lines, rows, note="median host time per call, B=1 bf16 channels_last, CPU, no kernel run")
+    report(args.out, env, hdr, lines, rows, note=f"median host time per call, B=1 bf16 channels_last, CPU, no kernel run; chain: per layer of "
+                f"{args.chain} chained layers with one backward")
     return 0
 
 

@@ -15,6 +15,11 @@ so with the intermediates in one workspace allocation per pass ("workspace"; ``w
 compiled with static sizes (Inductor's code launches the kernels), in alternating rounds so that drifts of the
 host hit all alike, with cuDNN's depthwise 7x7, eager and compiled, for scale. Prints the median per iteration and
 writes JSON.
+
+A single layer's ``torch.autograd.grad`` also pays the autograd engine's fixed cost of a backward call (its graph
+task and the hand-off to its device thread), which a model pays once per step, not once per layer. So the default
+path and cuDNN's dw7 are also timed as a chain of ``--chain`` layers of the shape (each with its own parameters)
+with one backward: ``chain_us`` and ``dw7_chain_us`` are per layer, the host time a layer adds to a model's step.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import SHAPES  # noqa: E402
-from benchmarks.common import gpu_env, report, wall_us, wtconv_inputs  # noqa: E402
+from benchmarks.common import gpu_env, layer_chain, report, wall_us, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import launch_plan  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
@@ -93,6 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", nargs="+", type=int, default=[0, 1, 2, 3], choices=range(4), metavar="I",
                     help="stage shapes, by index, in this order")
     ap.add_argument("--no-compile", action="store_true", help="skip the compiled rows (their compiles take minutes)")
+    ap.add_argument("--chain", type=int, default=8, metavar="N",
+                    help="layers in the chained rows (per-layer host time with one backward per chain; 0: none)")
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
                     help="also print a cProfile of N default-path calls per shape (top 25 functions by own time)")
     args = ap.parse_args(argv)
@@ -114,6 +121,11 @@ def main(argv=None) -> int:
         def dw7():
             torch.autograd.grad(F.conv2d(x, w7, padding=3, groups=c), [x, w7], dy)
 
+        # Chains of args.chain layers, one backward each (module docs): per layer, what a model's step pays.
+        n = max(args.chain, 1)
+        wt_chain = layer_chain(wtconv2d, x, ps, dy, n)
+        dw7_chain = layer_chain(lambda a, b: F.conv2d(a, b, padding=3, groups=c), x, [w7], dy, n)
+
         # Compiled (static sizes): Inductor's code launches the kernels (the triton_op path), no CUDA graphs.
         wt_graph = torch.compile(lambda *a: wtconv2d(*a), fullgraph=True, dynamic=False)
         dw7_graph = torch.compile(lambda a, b: F.conv2d(a, b, padding=3, groups=c), fullgraph=True, dynamic=False)
@@ -126,7 +138,8 @@ def main(argv=None) -> int:
 
         defaults = _flags()
         default = default_mode()
-        times: dict[str, list[float]] = {m: [] for m in (*MODES, "dw7", "compiled", "dw7_compiled")}
+        times: dict[str, list[float]] = {m: [] for m in (*MODES, "dw7", "compiled", "dw7_compiled", "chain",
+                                                         "dw7_chain")}
         try:
             for mode in MODES:  # compile / fill the caches and record the plans outside the timing
                 set_mode(mode)
@@ -134,15 +147,20 @@ def main(argv=None) -> int:
                     wt()
             compiled = {"dw7": dw7} if args.no_compile else {
                 "dw7": dw7, "compiled": wt_compiled, "dw7_compiled": dw7_compiled}
-            for fn in compiled.values():
+            chained = {"chain": wt_chain, "dw7_chain": dw7_chain} if args.chain else {}
+            set_mode(default)
+            for fn in (*compiled.values(), *chained.values()):
                 fn()
                 fn()
             for _ in range(args.rounds):
                 for mode in MODES:
                     set_mode(mode)
                     times[mode].append(wall_us(wt, args.iters))
+                set_mode(default)
                 for name, fn in compiled.items():
                     times[name].append(wall_us(fn, args.iters))
+                for name, fn in chained.items():
+                    times[name].append(wall_us(fn, max(args.iters // n, 1)) / n)
             if args.cprofile:
                 set_mode(default)
                 print(f"=== cProfile, C={c} {h}x{w} L={levels}, B=1 bf16 f+b, {args.cprofile} calls ({default})")
@@ -159,23 +177,27 @@ def main(argv=None) -> int:
                          direct_us=med["direct"], workspace_us=med["workspace"], graphs_us=med["graphs"],
                          dw7_us=med["dw7"],
                          host_us=med[default], default_path=default, compiled_us=med["compiled"],
-                         dw7_compiled_us=med["dw7_compiled"],
+                         dw7_compiled_us=med["dw7_compiled"], chain=args.chain, chain_us=med["chain"],
+                         dw7_chain_us=med["dw7_chain"],
                          samples=times))
         # Each shape's medians as they come (a call cut by its time limit keeps them).
         print(f"row C={c} H={h} L={levels}: " + ", ".join(f"{k} {v:.1f} us" for k, v in med.items() if v), flush=True)
     hdr = (f"{'C, H, L':14} {'triton launch us':>17} {'kept kernels us':>16} {'planned us':>11} {'direct us':>10} "
            f"{'workspace us':>13} {'graphs us':>10} {'dw7 us':>8} {'default/dw7':>12} {'compiled us':>12} "
            f"{'dw7 compiled us':>16} "
-           f"{'ratio':>6}")
+           f"{'ratio':>6} {'chain us/layer':>15} {'dw7 chain':>10} {'ratio':>6}")
     lines = [f"{r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['triton_us']:17.1f} {r['kept_us']:16.1f} "
              f"{r['planned_us']:11.1f} {r['direct_us']:10.1f} {r['workspace_us']:13.1f} {r['graphs_us']:10.1f} "
              f"{r['dw7_us']:8.1f} "
              f"{r['host_us'] / r['dw7_us']:12.2f} "
              + (f"{r['compiled_us']:12.1f} {r['dw7_compiled_us']:16.1f} {r['compiled_us'] / r['dw7_compiled_us']:6.2f}"
                 if r["compiled_us"] is not None else f"{'-':>12} {'-':>16} {'-':>6}")
+             + (f" {r['chain_us']:15.1f} {r['dw7_chain_us']:10.1f} {r['chain_us'] / r['dw7_chain_us']:6.2f}"
+                if r["chain_us"] is not None else f" {'-':>15} {'-':>10} {'-':>6}")
              for r in rows]
     report(args.out, gpu_env(), hdr, lines, rows,
-           note="median wall per forward + backward, B=1 bf16 channels_last (host-bound)")
+           note="median wall per forward + backward, B=1 bf16 channels_last (host-bound); chain: per layer of "
+                f"{args.chain} chained layers with one backward (the default path)")
     return 0
 
 
