@@ -192,6 +192,25 @@ def test_weight_grads_deterministic():
         assert torch.equal(a, b), name
 
 
+def test_create_graph_gives_first_order_gradients_and_refuses_a_second():
+    """With create_graph=True the eager backward gives the same gradients, bitwise; where its incoming gradient is
+    itself differentiable (here that of 0.5 * sum(y^2): y), a backward through them fails with once_differentiable's
+    error, not with silent zeros (the kernels' gradients are not differentiable)."""
+    c, k, levels = 4, 3, 2
+    params = _params(c, k, levels, True, torch.float32)
+    x = torch.randn(2, c, 8, 6, device=DEVICE)
+    xg = x.detach().clone().requires_grad_()
+    ps = [p.detach().clone().requires_grad_() for p in params]
+    y = wtconv2d(xg, *ps, backend="triton")
+    grads = torch.autograd.grad(0.5 * (y * y).sum(), [xg, *ps], create_graph=True)
+    plain, _ = _run(x, params, 1, "triton", dy=y.detach())
+    for name, a, b in zip(NAMES[1:], plain[1:], grads):
+        assert torch.equal(a, b), name
+    assert all(g.requires_grad for g in grads)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grads[0].sum().backward()
+
+
 def test_autocast_casts_like_a_conv():
     """Under autocast the eager path rounds the parameters to bf16 inside its kernels, and their gradients through
     bf16: bit for bit what casting every parameter first (and autograd's cast backward) gives."""

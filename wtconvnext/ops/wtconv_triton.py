@@ -335,6 +335,16 @@ if TRITON_AVAILABLE:
         _wtconv2d_traced_op.register_autograd(_autograd_of(_wtconv2d_traced_backward_op),
                                               setup_context=_traced_setup_context)
 
+    def _function_backward(ctx, dy):
+        x, weight, bias, base_scale, wavelet_weight, wavelet_scale = ctx.saved_tensors
+        dx, dw, db, dbs, dww, dws = _backward_impl(
+            dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, ctx.stride, *ctx.folded, ctx.round_to,
+            ctx.sig,
+        )
+        return dx, dw, (db if bias is not None else None), dbs, dww, dws, None, None
+
+    _once_backward = torch.autograd.function.once_differentiable(_function_backward)
+
     class _WTConvFunction(torch.autograd.Function):
         """Eager-mode autograd: the same implementation as the custom ops, without their dispatch."""
 
@@ -343,21 +353,23 @@ if TRITON_AVAILABLE:
             y, base_w, level_w, sig = _forward_impl(
                 x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to, training=True
             )
-            ctx.save_for_backward(x, weight, bias, base_scale, wavelet_weight, wavelet_scale, base_w, level_w)
+            ctx.save_for_backward(x, weight, bias, base_scale, wavelet_weight, wavelet_scale)
+            # The folded kernels are this op's own tensors, which nothing else can modify in place: kept on ctx,
+            # without saved-variable bookkeeping (host time per layer call).
+            ctx.folded = (base_w, level_w)
             ctx.stride = stride
             ctx.round_to = round_to
             ctx.sig = sig
             return y
 
         @staticmethod
-        @torch.autograd.function.once_differentiable
         def backward(ctx, dy):
-            x, weight, bias, base_scale, wavelet_weight, wavelet_scale, base_w, level_w = ctx.saved_tensors
-            dx, dw, db, dbs, dww, dws = _backward_impl(
-                dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, ctx.stride, base_w, level_w,
-                ctx.round_to, ctx.sig,
-            )
-            return dx, dw, (db if bias is not None else None), dbs, dww, dws, None, None
+            if torch.is_grad_enabled():
+                # create_graph=True: the kernels' gradients are not differentiable themselves; once_differentiable
+                # returns them with an error for a backward through them. Otherwise its no_grad wrapper is only
+                # host time (a tenth of an empty Function's backward per layer, CPU).
+                return _once_backward(ctx, dy)
+            return _function_backward(ctx, dy)
 
 
 def _symbolic(x: Tensor) -> bool:
