@@ -32,7 +32,7 @@ from benchmarks.common import compile_sm90, write_json  # noqa: E402
 
 KERNELS = ["conv_base", "conv_base_syn1", "conv_levels", "dx_base", "small", "small_dx",
            "wgrad_base", "wgrad_levels", "wgrad_levels_unroll", "wgrad_levels_fp32", "wgrad_pair",
-           "wgrad_level1_staged", "wgrad_level1_onload"]
+           "wgrad_level1"]
 _INSTR = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[.\s]")
 _BRANCH = re.compile(r"BRA\s+`?\((\.L_x_\d+)\)")
 
@@ -71,10 +71,9 @@ def _case(name: str, ch: int, dtype: str):
                      BC=tk._block_c(4 * ch, tun["wgrad_bc"]), COMPUTE=fp, UNROLL=bool(tun["wgrad_unroll"]))
         return tk._wgrad_pair_kernel, sig, const, tun["wgrad_warps"]
     sig = dict(x_ptr=x, g_ptr=x, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
-    if name.startswith("wgrad_level1"):  # level 1's walk: stored subbands (staged, unrolled) or made on load
-        onload = name.endswith("onload")
+    if name == "wgrad_level1":  # level 1's walk over its subbands staged through dx's buffer (level1_partials)
         const = dict(CC=4 * ch, K=5, TP=32, LEVELS=1, BW=tun["wgrad_bw"], BC=tk._block_c(4 * ch, tun["wgrad_bc"]),
-                     DSUM=False, COMPUTE=fp, UNROLL=not onload and bool(tun["wgrad_unroll"]), ONLOAD=onload)
+                     DSUM=False, COMPUTE=fp, UNROLL=bool(tun["wgrad_unroll"]))
         return tk._wgrad_kernel, sig, const, tun["wgrad_warps"]
     const = dict(CC=cc, K=5, TP=32, LEVELS=levels, BW=tun["wgrad_bw"], BC=tk._block_c(cc, tun["wgrad_bc"]),
                  DSUM=not levels, COMPUTE=fp, UNROLL=name.endswith("unroll"))

@@ -64,15 +64,15 @@ if [[ -n "${warm_pid:-}" ]]; then
   tail -2 "$out/warm.txt"
 fi
 if [[ "$what" == *level1* ]]; then
-  # Level 1 on load (issue 14): its weight gradients staged (the default), walked on load (l1_stage=0), and stored
-  # level 1 (l1_onload=0), against cuDNN, bf16 B=128, at LEVEL1_SHAPES (default 56^2 and 28^2, where it applies;
-  # about 4 minutes on an H100 with the compiles); then the GPU test that the three agree bit for bit.
+  # Level 1 on load (issue 14): its weight gradients staged through dx's buffer (the default) against stored
+  # level 1 (l1_onload=0) and cuDNN, bf16 B=128, at LEVEL1_SHAPES (default 56^2 and 28^2, where it applies; about
+  # 4 minutes on an H100 with the compiles); then the GPU test that the two agree bit for bit.
   shapes="${LEVEL1_SHAPES:-0 1}"
   step 170 level1_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 --stages $shapes \
-    --modes train --variants l1_onload=0 l1_stage=0
+    --modes train --variants l1_onload=0
   step 120 level1_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $shapes \
-    --variants l1_onload=0 l1_stage=0 --impls wtconv_triton_cl wtconv_triton_cl+l1_onload=0 \
-    wtconv_triton_cl+l1_stage=0 dw7_cl dw5_cl --out "$out/level1_layer.json"
+    --variants l1_onload=0 --impls wtconv_triton_cl wtconv_triton_cl+l1_onload=0 dw7_cl dw5_cl \
+    --out "$out/level1_layer.json"
   step 150 level1_test.txt "$py" -m pytest -q -rs tests/gpu/test_gpu.py -k level1_on_load
 fi
 if [[ "$what" == *abrows* ]]; then  # today's FMA kernels against an earlier copy ($AB_BASELINE, e.g. of 123b293)

@@ -87,8 +87,8 @@ def _cases():
 
 def _onload_cases():
     """TUNING l1_onload's specialisations: level 1 on load (forward and rotated), the analysis from level 2, the
-    level convolutions from level 2, the in-place base convolution (SYN1 == 2) and the weight-gradient walks of
-    level 1 on load and of levels 2.. (alone and paired with the base's)."""
+    level convolutions from level 2, the in-place base convolution (SYN1 == 2) and the weight-gradient walk of
+    levels 2.. (alone and paired with the base's)."""
     import triton.language as tl
 
     from wtconvnext.ops import triton_kernels as tk
@@ -108,10 +108,8 @@ def _onload_cases():
         yield tk._conv_kernel, conv, dict(CC=96, K=5, LEVELS=0, BW=4, BC=64, STRIDE=1, HAS_ACC=True, HAS_BIAS=bias,
                                           FLIP=not bias, COMPUTE=fp, SYN1=2, HAS_ACC2=acc2, SYN_AHEAD=1, LV0=0)
     wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
-    yield tk._wgrad_kernel, wg, dict(CC=384, K=5, TP=32, LEVELS=1, BW=7, BC=64, DSUM=False, COMPUTE=fp,
-                                     UNROLL=False, SKIP1=False, ONLOAD=True)
     yield tk._wgrad_kernel, wg, dict(CC=384, K=3, TP=16, LEVELS=4, BW=7, BC=64, DSUM=False, COMPUTE=fp,
-                                     UNROLL=False, SKIP1=True, ONLOAD=False)
+                                     UNROLL=False, SKIP1=True)
 
 
 def _small_cases():

@@ -812,10 +812,10 @@ def test_level1_on_load_matches_reference(shape, monkeypatch):
 def test_level1_on_load_changes_no_bit(dtype, shape, imgs, narrow, monkeypatch):
     """l1_onload = 1 gives the output and every gradient bit for bit as l1_onload = 0 (level 1 analysed into a
     buffer): the subbands are rounded to the input's dtype as the analysis stores them, and every sum runs in the
-    same order. Level 1's weight gradients staged through the input gradient's buffer (l1_stage, in chunks of
-    half the batch's image groups: wgrad_imgs ``imgs``) and walked on load (l1_stage 0, and batches of one group);
-    narrow level-1 strips and channel blocks (l1_bw 4, l1_bc 2: masked lanes) as well as the default (``narrow``: one
-    case, for the interpreter's time)."""
+    same order. Level 1's weight gradients staged through the input gradient's buffer, in chunks of half the
+    batch's image groups (wgrad_imgs ``imgs``), or below two groups' worth of images all at once, dy's subbands in a
+    buffer of their own (fp32-L6: one image); narrow level-1 strips and channel blocks (l1_bw 4, l1_bc 2: masked
+    lanes) as well as the default (``narrow``: one case, for the interpreter's time)."""
     from wtconvnext.ops import triton_kernels as tk
 
     b, c, h, w, k, levels, stride, bias = shape
@@ -824,7 +824,7 @@ def test_level1_on_load_changes_no_bit(dtype, shape, imgs, narrow, monkeypatch):
     x = x.contiguous(memory_format=torch.channels_last)
     names = _spy_launches(monkeypatch)
     got, walks = [], []
-    tunings = [{"l1_onload": 0}, {"l1_onload": 1}, {"l1_onload": 1, "l1_stage": 0}]
+    tunings = [{"l1_onload": 0}, {"l1_onload": 1}]
     if narrow:
         tunings.append({"l1_onload": 1, "l1_bw": 4, "l1_bc": 2, "wgrad_pair": 0})
     for tuning in tunings:
@@ -836,10 +836,10 @@ def test_level1_on_load_changes_no_bit(dtype, shape, imgs, narrow, monkeypatch):
     for name, a, *others in zip([n for n in NAMES if bias or n != "dbias"], *got):
         for i, e in enumerate(others):
             assert torch.equal(a, e), (name, i)
-    # Level 1's walks: one on load, or one per chunk of images staged (b // 2 images each); with levels > 1 the
+    # Level 1's walks: one per chunk of images staged (b // 2 images each, or all of them); with levels > 1 the
     # pair kernel walks the base and levels 2..L (wgrad_pair 0: two more launches, the base's and the levels').
     staged = -(-b // (b // 2 // imgs * imgs)) if b // 2 // imgs else 1
-    assert walks[1:3] == [staged + (levels == 1), 1 + (levels == 1)], walks
+    assert walks[1] == staged + (levels == 1), walks
 
 
 def test_level1_on_load_applies_where_it_can(monkeypatch):

@@ -503,17 +503,16 @@ def _wgrad_kernel(
     G0, GT,  # the image groups of this launch start at group G0 of a batch of GT groups (the partial rows' layout)
     CC: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
     BC: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr,
-    SKIP1: tl.constexpr = False, ONLOAD: tl.constexpr = False,
+    SKIP1: tl.constexpr = False,
 ):
     """d w[ky, kx] = sum over positions of dy(o, n) * x(o + ky - PAD, n + kx - PAD): a program walks the x rows
     of IMGS images for BW columns, keeping the K dy rows an x row pairs with; of one map (LEVELS = 0), or of every
     level's subbands in one launch. DSUM: also the sum of dy (the bias gradient). The B images of a launch may be a
     chunk of a larger batch: each program writes the row it has in the whole batch's launch (level-major, then
     group, then strip), so the partials and their fixed-order sum do not depend on the chunking. SKIP1: the
-    coefficient buffers and the partial rows hold levels 2..L only (the launch runs their programs); ONLOAD (LEVELS = 1, CC = 4C): level
-    1's programs on the (H, W) maps x and dy themselves, each subband made as it loads (_wgrad_load)."""
+    coefficient buffers and the partial rows hold levels 2..L only (the launch runs their programs)."""
     _wgrad_program(tl.program_id(0), tl.program_id(1), x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC, K, TP,
-                   LEVELS, BW, BC, DSUM, COMPUTE, UNROLL, SKIP1, ONLOAD)
+                   LEVELS, BW, BC, DSUM, COMPUTE, UNROLL, SKIP1)
 
 
 @triton.jit
@@ -538,11 +537,11 @@ def _wgrad_pair_kernel(
     if pid < R0:
         if cb < NB0:
             _wgrad_program(pid, cb, x_ptr, g_ptr, bpart_ptr, H, W, B, IMGS, G0, GT, C, K, TP, 0, BW, BC0, True,
-                           COMPUTE, UNROLL, False, False)
+                           COMPUTE, UNROLL, False)
     else:
         if cb < NB:
             _wgrad_program(pid - R0, cb, cx_ptr, cg_ptr, lpart_ptr, H, W, B, IMGS, G0, GT, 4 * C, K, TP, LEVELS,
-                           BW, BC, False, COMPUTE, UNROLL, SKIP1, False)
+                           BW, BC, False, COMPUTE, UNROLL, SKIP1)
 
 
 # noinline: the paired kernel's two walks stay separate functions, and Triton's TritonGPUCoalesce pass, quadratic
@@ -550,7 +549,7 @@ def _wgrad_pair_kernel(
 @triton.jit(noinline=True)
 def _wgrad_program(pid, cb, x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC: tl.constexpr, K: tl.constexpr,
                    TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, DSUM: tl.constexpr,
-                   COMPUTE: tl.constexpr, UNROLL: tl.constexpr, SKIP1: tl.constexpr, ONLOAD: tl.constexpr):
+                   COMPUTE: tl.constexpr, UNROLL: tl.constexpr, SKIP1: tl.constexpr):
     """Program ``pid`` (of its map or maps) and channel block ``cb`` of _wgrad_kernel."""
     if LEVELS > 0:
         lv, h, w, st, off = _level_of(pid, H, W, B, IMGS, BW, LEVELS, CC, SKIP1)
@@ -569,33 +568,18 @@ def _wgrad_program(pid, cb, x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC: t
     row = first + G0 * strips + local
     cc = cb * BC + tl.arange(0, BC)
     _wgrad_strip(xb0, gb0, part_ptr + row.to(tl.int64) * TP * CC + cc, h, w, (local % strips) * BW,
-                 local // strips, B, IMGS, cc, cc < CC, CC, K, BW, DSUM, COMPUTE, UNROLL, ONLOAD)
+                 local // strips, B, IMGS, cc, cc < CC, CC, K, BW, DSUM, COMPUTE, UNROLL)
 
 
 @triton.jit
 def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.constexpr, K: tl.constexpr,
-                 BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr,
-                 ONLOAD: tl.constexpr):
+                 BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr):
     """One partial row of _wgrad_kernel: BW columns from n0 of images grp * IMGS .. of an (h, w) map whose image 0
-    starts at ``xb0`` / ``gb0`` (x, dy; CC channels a pixel), into ``dst`` (the row's tap 0, at channels ``cc``).
-    ONLOAD: the (h, w) map is level 1's of the (2h, 2w) maps x and dy at ``xb0`` / ``gb0`` (CC / 4 channels a
-    pixel), channel lane cc its subband cc // (CC / 4) of channel cc % (CC / 4), made as it loads."""
+    starts at ``xb0`` / ``gb0`` (x, dy; CC channels a pixel), into ``dst`` (the row's tap 0, at channels ``cc``)."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
     inm, gm = _column_masks(cmask, n0, w, K, BW, 1)
-    # A level-1 row is two full-resolution rows of CC / 4 channels: the same row and image strides.
     rs = tl.cast(w * CC, tl.int64)
-    if ONLOAD:
-        C1: tl.constexpr = CC // 4
-        CS: tl.constexpr = 2 * C1  # a level-1 column: two full-resolution pixels
-        sub = cc // C1
-        cpart = cc % C1
-        sgn = (1.0 - 2.0 * (sub // 2), 1.0 - 2.0 * (sub % 2))  # the right and the bottom pixels' signs
-        ld = (C1, rs // 2, sgn)
-    else:
-        CS: tl.constexpr = CC
-        cpart = cc
-        ld = ()
     acc = ()
     for _ in tl.static_range(K * K):
         acc = acc + (tl.zeros(cmask.shape, dtype=COMPUTE),)
@@ -603,22 +587,21 @@ def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.conste
     for im in range(IMGS):
         bi = grp * IMGS + im
         bok = bi < B
-        xb = xb0 + bi.to(tl.int64) * h * rs + n0 * CS + cpart
-        gb = gb0 + bi.to(tl.int64) * h * rs + n0 * CS + cpart
+        xb = xb0 + bi.to(tl.int64) * h * rs + n0 * CC + cc
+        gb = gb0 + bi.to(tl.int64) * h * rs + n0 * CC + cc
         dq = ()  # dy rows r - PAD .. r + PAD, slot j * BW + q
         for _ in tl.static_range((PAD + 1) * BW):
             dq = dq + (tl.zeros(cmask.shape, dtype=COMPUTE),)
         for j in tl.static_range(PAD):
             for q in tl.static_range(BW):
-                dq = dq + (_wgrad_load(gb + j * rs + q * CS, gm[q] & bok & (j < h), ld, ONLOAD, COMPUTE
-                                       ).to(COMPUTE),)
+                dq = dq + (tl.load(gb + j * rs + q * CC, mask=gm[q] & bok & (j < h), other=0.0).to(COMPUTE),)
         # Rows r + 1 of x and r + 1 + PAD of dy are loaded while row r is computed (raw dtype).
         gn = ()
         for q in tl.static_range(BW):
-            gn = gn + (_wgrad_load(gb + PAD * rs + q * CS, gm[q] & bok & (PAD < h), ld, ONLOAD, COMPUTE),)
+            gn = gn + (tl.load(gb + PAD * rs + q * CC, mask=gm[q] & bok & (PAD < h), other=0.0),)
         xn = ()
         for i in tl.static_range(NI):
-            xn = xn + (_wgrad_load(xb + (i - PAD) * CS, inm[i] & bok & (h > 0), ld, ONLOAD, COMPUTE),)
+            xn = xn + (tl.load(xb + (i - PAD) * CC, mask=inm[i] & bok & (h > 0), other=0.0),)
         # The rows whose next x and dy rows both exist (in unrolled blocks of K with UNROLL: the K dy rows in flight
         # rotate back to where they started, so the loop carries them without register moves), then the last
         # PAD + 1 rows with the row tests.
@@ -628,10 +611,10 @@ def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.conste
             for r0 in range(0, mid, K):
                 for u in tl.static_range(K):
                     acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r0 + u, xb, gb, rs, h, inm, gm, bok,
-                                                        ld, CS, K, BW, DSUM, COMPUTE, False, ONLOAD)
+                                                        CC, K, BW, DSUM, COMPUTE, False)
         for r in range(mid, h):
             acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
-                                                ld, CS, K, BW, DSUM, COMPUTE, True, ONLOAD)
+                                                CC, K, BW, DSUM, COMPUTE, True)
     for t in tl.static_range(K * K):
         tl.store(dst + t * CC, acc[t].to(dst.dtype.element_ty), mask=cmask)
     if DSUM:
@@ -639,9 +622,9 @@ def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.conste
 
 
 @triton.jit
-def _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok, ld,
-                CS: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr,
-                EDGE: tl.constexpr, ONLOAD: tl.constexpr):
+def _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
+                CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr,
+                EDGE: tl.constexpr):
     """x row r of _wgrad_kernel: the next x and dy rows' loads, dy row r + PAD joining the K rows in flight, and
     x row r's products with each of them. EDGE: the next rows may not exist (the last PAD + 1 rows)."""
     PAD: tl.constexpr = K // 2
@@ -653,15 +636,15 @@ def _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok, ld,
     gn = ()
     for q in tl.static_range(BW):
         if EDGE:
-            gn = gn + (_wgrad_load(gb + rg * rs + q * CS, gm[q] & bok & (rg < h), ld, ONLOAD, COMPUTE),)
+            gn = gn + (tl.load(gb + rg * rs + q * CC, mask=gm[q] & bok & (rg < h), other=0.0),)
         else:
-            gn = gn + (_wgrad_load(gb + rg * rs + q * CS, gm[q] & bok, ld, ONLOAD, COMPUTE),)
+            gn = gn + (tl.load(gb + rg * rs + q * CC, mask=gm[q] & bok, other=0.0),)
     xn = ()
     for i in tl.static_range(NI):
         if EDGE:
-            xn = xn + (_wgrad_load(xb + r1 * rs + (i - PAD) * CS, inm[i] & bok & (r1 < h), ld, ONLOAD, COMPUTE),)
+            xn = xn + (tl.load(xb + r1 * rs + (i - PAD) * CC, mask=inm[i] & bok & (r1 < h), other=0.0),)
         else:
-            xn = xn + (_wgrad_load(xb + r1 * rs + (i - PAD) * CS, inm[i] & bok, ld, ONLOAD, COMPUTE),)
+            xn = xn + (tl.load(xb + r1 * rs + (i - PAD) * CC, mask=inm[i] & bok, other=0.0),)
     new = ()
     for s in tl.static_range(BW, K * BW):
         new = new + (dq[s],)
@@ -687,8 +670,7 @@ def _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok, ld,
 @triton.jit
 def _haar(a, b, c, d, ty: tl.constexpr, COMPUTE: tl.constexpr):
     """The Haar subbands (LL, top-minus-bottom, left-minus-right, diagonal) of the 2 x 2 block ``[[a, b], [c, d]]``
-    (in COMPUTE), rounded to ``ty`` as the analysis stores them, in COMPUTE. (_wgrad_load makes one lane's subband
-    by signs instead: the same bits.)"""
+    (in COMPUTE), rounded to ``ty`` as the analysis stores them, in COMPUTE."""
     ab = a + b
     cd = c + d
     amb = a - b
@@ -710,26 +692,6 @@ def _low_pass(src, spix: tl.constexpr, hf, wf, fr, fc, ok, ty: tl.constexpr, COM
     c = tl.load(bot, mask=mb & (2 * fc < wf), other=0.0).to(COMPUTE)
     d = tl.load(bot + spix, mask=mb & (2 * fc + 1 < wf), other=0.0).to(COMPUTE)
     return _haar(a, bb, c, d, ty, COMPUTE)[0]
-
-
-@triton.jit
-def _wgrad_load(p, mask, ld, ONLOAD: tl.constexpr, COMPUTE: tl.constexpr):
-    """One value of a weight-gradient walk, in the map's dtype: loaded, or (ONLOAD; ``ld`` = (C, full-resolution
-    row stride, signs)) level 1's subband made from the 2 x 2 block at ``p`` as _analysis_level makes it (a sign
-    times a value is exact, so a + s * b is a + b or a - b bit for bit)."""
-    if ONLOAD:
-        C1 = ld[0]
-        rsf = ld[1]
-        sr = ld[2][0]
-        sb = ld[2][1]
-        a = tl.load(p, mask=mask, other=0.0).to(COMPUTE)
-        b = tl.load(p + C1, mask=mask, other=0.0).to(COMPUTE)
-        c = tl.load(p + rsf, mask=mask, other=0.0).to(COMPUTE)
-        d = tl.load(p + rsf + C1, mask=mask, other=0.0).to(COMPUTE)
-        v = ((a + sr * b) + sb * (c + sr * d)) * 0.5
-        return v.to(p.dtype.element_ty)
-    else:
-        return tl.load(p, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -1117,21 +1079,17 @@ TUNING: dict[str, int] = {
     # (profile_layer.py --tuning, session 25, one run), 8 against 32 channels: 0.014 / 0.010 / 0.009 / 0.012 ms
     # against 0.052 / 0.029 / 0.019 / 0.020 at 56 / 28 / 14 / 7 (32 left 3 x 21 programs at 56 x 56, latency-bound).
     "pgrad_bc": 8,
-    # l1_onload = 1: level 1's convolutions and weight gradients make its subbands from the input as it loads
-    # (_level1_kernel, _wgrad_load) and the analysis stores levels 2..L only; level 1's filtered subbands go
+    # l1_onload = 1: level 1's convolutions make its subbands from the input as it loads (_level1_kernel), its
+    # weight gradients walk them analysed into the input gradient's buffer (level1_partials), and the analysis
+    # stores levels 2..L only; level 1's filtered subbands go
     # polyphase into the output's own buffer, which the base convolution overwrites in place (even maps, stride 1,
     # one chunk, syn1 with syn1_ahead, not in a traced triton_op body: else the pass is as before). The layer's
     # workspace drops from 8/3 of its input to about 2/3 (levels 2..L of x and dy). l1_bw / l1_bc / l1_warps:
     # _level1_kernel's columns, channels and warps per program (H100, session 42, proto_level1.py: 2 / 32 / 1 at
     # 0.92x the analysis + level convolution it replaces at 56 x 56, 0.98-0.99x at 28 x 28).
     "l1_onload": 1, "l1_bw": 2, "l1_bc": 32, "l1_warps": 1,
-    # l1_stage = 1: with level 1 on load, the backward's level-1 weight gradients analyse x's and dy's level 1 into
-    # the input gradient's buffer (dead until its pass) half a batch at a time and walk them as stored coefficients
-    # (level1_partials); 0: one walk making every subband value from four loads (_wgrad_load), which cost 0.10-0.13
-    # ms per fwd + bwd at 56 x 56 / 28 x 28 against l1_onload = 0 (H100, bf16, B=128, bench_layer, session 44).
-    "l1_stage": 1,
 }
-_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "l1_stage": 1}  # 0 .. the value, not sizes
+_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1}  # 0 .. the value, not sizes
 _ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc")  # 0 turns the path off (conv_base_bc: the rule)
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
               "l1_bc")
@@ -1794,29 +1752,26 @@ def level1_partials(x: Tensor, dy: Tensor, k: int, scratch: Tensor) -> Tensor:
 
     x's and dy's level-1 subbands are analysed half a batch at a time (whole image groups of TUNING wgrad_imgs)
     into ``scratch``, the channels-last input-gradient buffer, dead until its pass: as many elements as a map, so
-    they take no memory of their own, and the walk reads stored values. A batch too small for that (or TUNING
-    l1_stage 0) walks level 1 making each subband value as it loads (_wgrad_load: four loads a value)."""
+    they take no memory of their own, and the walk reads stored values. A batch of fewer than two groups' worth of
+    images analyses all of it at once, dy's subbands into a buffer of their own (a map of these few images)."""
     _check_cl(x, dy, scratch)
     bsz, ch, h, w = x.shape
     bw, warps, imgs, tp, _, lbc, compute = _walk_shape(x, k)
     groups = _cdiv(bsz, imgs)
     lev = _plan.empty((_level_programs(h, w, 1, bw, groups), tp, 4 * ch), _acc_dtype(x.dtype), x.device)
-    per = bsz // 2 // imgs * imgs
-    if not (TUNING["l1_stage"] and per):
-        # Rows one at a time: unrolled in blocks of K, four loads a value made the walk compile for more than six
-        # minutes for sm_90 (triton 3.8 on the CPU machine; two H100 calls' compiles did not finish), against 25 s.
-        _launch(
-            _wgrad_kernel, (_level_programs(h, w, 1, bw, groups), _cdiv(4 * ch, lbc)),
-            (x, dy, lev, h, w, bsz, imgs, 0, groups), warps,
-            CC=4 * ch, K=k, TP=tp, LEVELS=1, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute, UNROLL=False, ONLOAD=True,
-        )
-        return lev
     n1 = h * w * ch  # elements of one image's level-1 subbands, as of the image itself (h and w even)
-    assert scratch.dtype == x.dtype and scratch.numel() >= 2 * per * n1, "scratch: dx's buffer, x's shape and dtype"
+    per = bsz // 2 // imgs * imgs
+    # The walk that made each subband value from four loads instead (no buffer at all) issued 2.7 instructions per
+    # FFMA in its inner loop against this one's 1.5 (sm_90, results/sm90/s45_level1_walks.txt) and compiled for
+    # minutes unrolled; it was removed in session 46 (git 3f2f2fc has it).
+    side = None if per else _plan.empty((bsz * n1,), x.dtype, x.device)
+    per = per or bsz
+    assert scratch.dtype == x.dtype and scratch.numel() >= (1 if per == bsz else 2) * per * n1, \
+        "scratch: dx's buffer, x's shape and dtype"
     for b0 in range(0, bsz, per):
         nb = min(per, bsz - b0)
         cx = _plan.view(scratch, (nb * n1,), (1,))
-        cdy = _plan.view(scratch, (nb * n1,), (1,), nb * n1)
+        cdy = side if side is not None else _plan.view(scratch, (nb * n1,), (1,), nb * n1)
         _analyse((x, dy), 1, bufs=(cx, cdy), images=(b0, nb))
         _launch(
             _wgrad_kernel, (_level_programs(h, w, 1, bw, _cdiv(nb, imgs)), _cdiv(4 * ch, lbc)),

@@ -162,7 +162,8 @@ if TRITON_AVAILABLE:
                       else _plan.empty(tuple(xc.shape), xc.dtype, xc.device, torch.channels_last))
             if onload:
                 # Level 1's partial rows, staged through dx's buffer once x's coefficients and the other rows are
-                # freed: the layer's peak stays that of the input-gradient pass.
+                # freed: the layer's peak stays that of the input-gradient pass (below two image groups of images,
+                # dy's level 1 takes a buffer of its own: level1_partials).
                 lev1 = level1_partials(xs, dys, k, dx)
                 param_grads((lev1, lev1), *sums, split=2, grads=grads)
                 del lev1
