@@ -206,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
              + (f"{r['chain_us']:15.1f}" if r["chain_us"] is not None else f"{'-':>15}") for r in rows]
     env = dict(cpu=platform.processor() or platform.machine(), torch=torch.__version__, python=platform.python_version(),
                date=time.strftime("%Y-%m-%d %H:%M:%S"))
-    report(args.out, env, hdr, lines, rows, note=f"median host time per call, B=1 bf16 channels_last, CPU, no kernel run; chain: per layer of "
+    report(args.out, env, hdr, lines, rows,
+           note=f"median host time per call, B=1 bf16 channels_last, CPU, no kernel run; chain: per layer of "
                 f"{args.chain} chained layers with one backward")
     return 0
 

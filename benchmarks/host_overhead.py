@@ -122,9 +122,10 @@ def main(argv=None) -> int:
             torch.autograd.grad(F.conv2d(x, w7, padding=3, groups=c), [x, w7], dy)
 
         # Chains of args.chain layers, one backward each (module docs): per layer, what a model's step pays.
-        n = max(args.chain, 1)
-        wt_chain = layer_chain(wtconv2d, x, ps, dy, n)
-        dw7_chain = layer_chain(lambda a, b: F.conv2d(a, b, padding=3, groups=c), x, [w7], dy, n)
+        n = args.chain
+        chained = {"chain": layer_chain(wtconv2d, x, ps, dy, n),
+                   "dw7_chain": layer_chain(lambda a, b: F.conv2d(a, b, padding=3, groups=c), x, [w7], dy, n),
+                   } if n else {}
 
         # Compiled (static sizes): Inductor's code launches the kernels (the triton_op path), no CUDA graphs.
         wt_graph = torch.compile(lambda *a: wtconv2d(*a), fullgraph=True, dynamic=False)
@@ -147,7 +148,6 @@ def main(argv=None) -> int:
                     wt()
             compiled = {"dw7": dw7} if args.no_compile else {
                 "dw7": dw7, "compiled": wt_compiled, "dw7_compiled": dw7_compiled}
-            chained = {"chain": wt_chain, "dw7_chain": dw7_chain} if args.chain else {}
             set_mode(default)
             for fn in (*compiled.values(), *chained.values()):
                 fn()

@@ -1766,7 +1766,7 @@ def level1_partials(x: Tensor, dy: Tensor, k: int, scratch: Tensor) -> Tensor:
     # minutes unrolled; it was removed in session 46 (git 3f2f2fc has it).
     side = None if per else _plan.empty((bsz * n1,), x.dtype, x.device)
     per = per or bsz
-    assert scratch.dtype == x.dtype and scratch.numel() >= (1 if per == bsz else 2) * per * n1, \
+    assert scratch.dtype == x.dtype and scratch.numel() >= (2 if side is None else 1) * per * n1, \
         "scratch: dx's buffer, x's shape and dtype"
     for b0 in range(0, bsz, per):
         nb = min(per, bsz - b0)
