@@ -67,12 +67,17 @@ if [[ "$what" == *level1* ]]; then
   # Level 1 on load (issue 14): its weight gradients staged through dx's buffer (the default) against stored
   # level 1 (l1_onload=0) and cuDNN, bf16 B=128, at LEVEL1_SHAPES (default 56^2 and 28^2, where it applies; about
   # 4 minutes on an H100 with the compiles); then the GPU test that the two agree bit for bit.
+  # Session 47: the staged path 1.451 ms against stored level 1's 1.305 at 56^2 (H100); its level-1 walk runs as two
+  # launches of 384 programs, so the rows also time it in image groups of one and two (TUNING l1_imgs).
   shapes="${LEVEL1_SHAPES:-0 1}"
   step 170 level1_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 --stages $shapes \
-    --modes train --variants l1_onload=0
-  step 120 level1_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $shapes \
-    --variants l1_onload=0 --impls wtconv_triton_cl wtconv_triton_cl+l1_onload=0 dw7_cl dw5_cl \
-    --out "$out/level1_layer.json"
+    --modes train --variants l1_onload=0 l1_imgs=1
+  step 150 level1_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $shapes \
+    --variants l1_onload=0 l1_imgs=1 l1_imgs=2 --impls wtconv_triton_cl wtconv_triton_cl+l1_onload=0 \
+    wtconv_triton_cl+l1_imgs=1 wtconv_triton_cl+l1_imgs=2 dw7_cl dw5_cl --out "$out/level1_layer.json"
+  step 120 level1_profile.txt "$py" benchmarks/profile_layer.py --shapes $shapes --dtypes bf16 --cl
+  step 120 level1_profile_stored.txt "$py" benchmarks/profile_layer.py --shapes $shapes --dtypes bf16 --cl \
+    --tuning l1_onload=0
   step 150 level1_test.txt "$py" -m pytest -q -rs tests/gpu/test_gpu.py -k level1_on_load
 fi
 if [[ "$what" == *abrows* ]]; then  # today's FMA kernels against an earlier copy ($AB_BASELINE, e.g. of 123b293)
