@@ -1092,7 +1092,9 @@ TUNING: dict[str, int] = {
     # partial rows are those of the stored-level-1 walk, so the gradients are bitwise the same. At B=128 and 56 x 56
     # that walk is two launches of 384 programs (half a batch each) where stored level 1 is part of the pair
     # kernel's 3264, and the staged path ran at 1.451 ms per f+b against stored level 1's 1.305 (H100, session 47):
-    # fewer images per program give the walk more programs (other sums, as deterministic). Not yet timed.
+    # fewer images per program give the walk more programs (other sums, as deterministic), and more partial rows:
+    # the peak by count (peak_cpu.py) 178.1 / 184.1 / 196.1 MiB at 56 x 56 with 4 (wgrad_imgs) / 2 / 1 images
+    # (dw7: 172.8 measured; the bound is 1.1x). Not yet timed.
     "l1_imgs": 0,
 }
 _MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1}  # 0 .. the value, not sizes
