@@ -34,6 +34,12 @@ def install() -> bool:
         return False
     if getattr(fn_cls.__call__, "_wtconvnext_wrapped", False):
         return True
+    try:  # the body device_call reproduces below (triton 3.8's): another version's is left alone
+        body = inspect.getsource(fn_cls.__call__)
+    except (OSError, TypeError):
+        return False
+    if not all(part in body for part in ("_patch_lang(self.fn)", "fn = self.rewrite()", "InterpreterError(repr(e))")):
+        return False
 
     state = threading.local()  # .patched: ids of the modules the running launch has patched, else None
     langs_of: dict[Callable[..., Any], frozenset[int]] = {}
