@@ -110,7 +110,8 @@ def _train_step(name: str, amp: bool, compile_: bool, batch: int, patch=None):
     """An AdamW training step of ``name`` (and what it holds), classification at 1000 classes; ``patch``: a
     function that changes the model in place first (a prototype's A/B)."""
     torch.manual_seed(0)
-    model = timm.create_model(name, num_classes=1000, **MODEL_KWARGS).to(DEVICE).to(memory_format=torch.channels_last)
+    model = timm.create_model(name, num_classes=1000, **MODEL_KWARGS).to(DEVICE)
+    model = model.to(memory_format=torch.channels_last)
     if patch is not None:
         patch(model)
     model.train()
@@ -183,7 +184,8 @@ def _infer_case(name: str, amp: bool, compile_: bool, batch: int, warmup: int, i
 
 def _dense_case(name: str, train: bool, batch: int, res: int, warmup: int, iters: int) -> dict:
     """``features_only`` backbone under bf16 AMP: inference, or forward + backward of the sum of its maps."""
-    model = timm.create_model(name, features_only=True, **MODEL_KWARGS).to(DEVICE).to(memory_format=torch.channels_last)
+    model = timm.create_model(name, features_only=True, **MODEL_KWARGS).to(DEVICE)
+    model = model.to(memory_format=torch.channels_last)
     model.train(train)
     x = _input(batch, res)
 

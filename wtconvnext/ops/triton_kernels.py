@@ -1762,7 +1762,8 @@ def level1_imgs() -> int:
 
 def level1_partials(x: Tensor, dy: Tensor, k: int, scratch: Tensor) -> Tensor:
     """Level 1's weight-gradient partial rows, which :func:`weight_partials` with ``onload`` leaves out (for
-    :func:`param_grads` with ``split`` 2): the same rows bit for bit as one walk over every level's coefficients.
+    :func:`param_grads` with ``split`` 2): with TUNING l1_imgs 0 (the default) the same rows bit for bit as one walk
+    over every level's coefficients.
 
     x's and dy's level-1 subbands are analysed half a batch at a time (whole image groups of :func:`level1_imgs`)
     into ``scratch``, the channels-last input-gradient buffer, dead until its pass: as many elements as a map, so
