@@ -2,7 +2,7 @@
 # The kernels' GPU checks, A/Bs and benchmarks (issue 14 on), step by step in device calls of at most 10 minutes.
 #   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [layer] [profile] [compiled] [pmodel]
 #                          [graphs] [host] [launch] [pair] [pgrad] [eager] [warm] [parity] [patch] [cmodel]
-#                          [sizes] [dense] [trainbench] [cold] [ahead] [level1]
+#                          [sizes] [dense] [trainbench] [cold] [ahead] [level1] [planmode]
 # TCACHE=DIR: Triton's compiled kernels and Inductor's cache are unpacked from DIR first and packed into OUTDIR last
 # (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles. The parts (binaries only,
 # 15 MiB each) must come back as files of their own: with $OUT set (the device machine) they are copied there, beside
@@ -79,6 +79,16 @@ if [[ "$what" == *level1* ]]; then
   step 120 level1_profile_stored.txt "$py" benchmarks/profile_layer.py --shapes $shapes --dtypes bf16 --cl \
     --tuning l1_onload=0
   step 150 level1_test.txt "$py" -m pytest -q -rs tests/gpu/test_gpu.py -k level1_on_load
+fi
+if [[ "$what" == *planmode* ]]; then
+  # Graph mode (launch_plan.GRAPHS, opt-in; issue 15): its GPU test (the form of session 30's small-map failure is
+  # fixed, never GPU-run), then the host-bound layer rows at 14^2 / 7^2 without and with it, each process against
+  # cuDNN (session 47, B=1 host: 540 / 486 us default, 472 / 421 in graph mode).
+  step 150 planmode_test.txt "$py" -m pytest -q -rs tests/test_launch_plan.py -k graph_mode
+  step 120 planmode_off.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes 2 3 \
+    --impls wtconv_triton_cl dw7_cl --out "$out/planmode_off.json"
+  step 120 planmode_on.txt env WTCONVNEXT_PLAN_GRAPHS=1 "$py" benchmarks/bench_layer.py --quick --dtypes bf16 \
+    --shapes 2 3 --impls wtconv_triton_cl dw7_cl --out "$out/planmode_on.json"
 fi
 if [[ "$what" == *abrows* ]]; then  # today's FMA kernels against an earlier copy ($AB_BASELINE, e.g. of 123b293)
   if [[ -f "${AB_BASELINE:-}" ]]; then
