@@ -1,6 +1,7 @@
 """The interpreter's device-function calls without re-patching (interpreter_calls.py) run the same code: a kernel
 whose device functions see other language modules than the kernel itself (``tl.zeros`` from
-``triton.language.standard``) computes what it should, and the wrapper is in place."""
+``triton.language.standard``) computes what it should, and on the Triton that CI installs (3.8, with torch 2.14.1)
+the wrapper is in place."""
 
 from __future__ import annotations
 
@@ -31,9 +32,10 @@ def test_device_calls_are_wrapped_and_compute_the_same() -> None:
 
     import interpreter_calls
 
-    if not interpreter_calls.install():  # (idempotent: conftest installed it)
-        pytest.skip("this Triton's interpreter has another device-call body: left alone")
-    assert getattr(ti.InterpretedFunction.__call__, "_wtconvnext_wrapped", False)
+    installed = interpreter_calls.install()  # (idempotent: conftest installed it where it could)
+    assert installed == getattr(ti.InterpretedFunction.__call__, "_wtconvnext_wrapped", False)
+    if triton.__version__.startswith("3.8."):  # CI's: the speed-up must be on (another version's body is left alone)
+        assert installed
     x = torch.arange(16, dtype=torch.float32)
     for _ in range(2):  # a second launch re-patches what the first one's end restored
         y = torch.empty_like(x)

@@ -847,6 +847,7 @@ def test_level1_walk_in_smaller_image_groups(monkeypatch):
     wgrad_imgs 2): level 1's gradients within 1e-10 of the reference in float64 (other partial sums than the stored
     walk's, summed by param_grads with their own group count), the same bits run to run, every other output and
     gradient bitwise that of l1_imgs 0; the walk has one partial row per image and strip."""
+    from wtconvnext.ops import launch_plan
     from wtconvnext.ops import triton_kernels as tk
 
     shape = (4, 3, 12, 10, 3, 2, 1, True)
@@ -855,8 +856,6 @@ def test_level1_walk_in_smaller_image_groups(monkeypatch):
     x = torch.randn(b, c, h, w, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     x = x.contiguous(memory_format=torch.channels_last)
     ref, dy = _run(x, params, stride, "reference")
-    from wtconvnext.ops import launch_plan
-
     launch_plan.clear()  # (a plan of an earlier test would replay without launching through _launch)
     walks = []  # level 1's walks: programs along the image groups and strips
     launch = tk._launch
