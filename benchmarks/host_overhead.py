@@ -16,6 +16,10 @@ compiled with static sizes (Inductor's code launches the kernels), in alternatin
 host hit all alike, with cuDNN's depthwise 7x7, eager and compiled, for scale. Prints the median per iteration and
 writes JSON.
 
+``shell`` is the floor under any autograd Function with this layer's interface: a Function of the same six inputs
+that only allocates its output in the forward and the six gradients in the backward, launching nothing (so
+default - shell is what the passes themselves cost on the host: plan lookup, workspace, launches).
+
 A single layer's ``torch.autograd.grad`` also pays the autograd engine's fixed cost of a backward call (its graph
 task and the hand-off to its device thread), which a model pays once per step, not once per layer. So the default
 path and cuDNN's dw7 are also timed as a chain of ``--chain`` layers of the shape (each with its own parameters)
@@ -46,6 +50,24 @@ from wtconvnext.ops import wtconv2d  # noqa: E402
 MODES = {"triton": (False, False, False, False, False), "kept": (True, False, False, False, False),
          "planned": (True, True, False, False, False), "direct": (True, True, True, False, False),
          "workspace": (True, True, True, True, False), "graphs": (True, True, True, True, True)}
+
+
+class _Shell(torch.autograd.Function):
+    """The layer's autograd interface with no work: y allocated in the forward, dx and the five parameter gradients
+    in the backward (``shell`` rows: the host floor of an autograd Function with these inputs)."""
+
+    @staticmethod
+    def forward(ctx, x, *params):
+        ctx.save_for_backward(x, *params)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return tuple(torch.empty_like(t) for t in ctx.saved_tensors)
+
+
+def _shell(x, *params):
+    return _Shell.apply(x, *params)
 
 
 def _flags() -> tuple[bool, ...]:
@@ -121,10 +143,14 @@ def main(argv=None) -> int:
         def dw7():
             torch.autograd.grad(F.conv2d(x, w7, padding=3, groups=c), [x, w7], dy)
 
+        def shell():
+            torch.autograd.grad(_shell(x, *ps), [x, *ps], dy)
+
         # Chains of args.chain layers, one backward each (module docs): per layer, what a model's step pays.
         n = args.chain
         chained = {"chain": layer_chain(wtconv2d, x, ps, dy, n),
                    "dw7_chain": layer_chain(lambda a, b: F.conv2d(a, b, padding=3, groups=c), x, [w7], dy, n),
+                   "shell_chain": layer_chain(_shell, x, ps, dy, n),
                    } if n else {}
 
         # Compiled (static sizes): Inductor's code launches the kernels (the triton_op path), no CUDA graphs.
@@ -139,15 +165,15 @@ def main(argv=None) -> int:
 
         defaults = _flags()
         default = default_mode()
-        times: dict[str, list[float]] = {m: [] for m in (*MODES, "dw7", "compiled", "dw7_compiled", "chain",
-                                                         "dw7_chain")}
+        times: dict[str, list[float]] = {m: [] for m in (*MODES, "dw7", "shell", "compiled", "dw7_compiled",
+                                                         "chain", "dw7_chain", "shell_chain")}
         try:
             for mode in MODES:  # compile / fill the caches and record the plans outside the timing
                 set_mode(mode)
                 for _ in range(3):  # graphs: recorded, seen, captured
                     wt()
-            compiled = {"dw7": dw7} if args.no_compile else {
-                "dw7": dw7, "compiled": wt_compiled, "dw7_compiled": dw7_compiled}
+            compiled = {"dw7": dw7, "shell": shell} if args.no_compile else {
+                "dw7": dw7, "shell": shell, "compiled": wt_compiled, "dw7_compiled": dw7_compiled}
             set_mode(default)
             for fn in (*compiled.values(), *chained.values()):
                 fn()
@@ -175,7 +201,7 @@ def main(argv=None) -> int:
         rows.append(dict(C=c, H=h, W=w, levels=levels, dtype="bf16", B=1, iters=args.iters, rounds=args.rounds,
                          triton_us=med["triton"], kept_us=med["kept"], planned_us=med["planned"],
                          direct_us=med["direct"], workspace_us=med["workspace"], graphs_us=med["graphs"],
-                         dw7_us=med["dw7"],
+                         dw7_us=med["dw7"], shell_us=med["shell"], shell_chain_us=med["shell_chain"],
                          host_us=med[default], default_path=default, compiled_us=med["compiled"],
                          dw7_compiled_us=med["dw7_compiled"], chain=args.chain, chain_us=med["chain"],
                          dw7_chain_us=med["dw7_chain"],
@@ -183,20 +209,22 @@ def main(argv=None) -> int:
         # Each shape's medians as they come (a call cut by its time limit keeps them).
         print(f"row C={c} H={h} L={levels}: " + ", ".join(f"{k} {v:.1f} us" for k, v in med.items() if v), flush=True)
     hdr = (f"{'C, H, L':14} {'triton launch us':>17} {'kept kernels us':>16} {'planned us':>11} {'direct us':>10} "
-           f"{'workspace us':>13} {'graphs us':>10} {'dw7 us':>8} {'default/dw7':>12} {'compiled us':>12} "
+           f"{'workspace us':>13} {'graphs us':>10} {'dw7 us':>8} {'shell us':>9} {'default/dw7':>12} {'compiled us':>12} "
            f"{'dw7 compiled us':>16} "
-           f"{'ratio':>6} {'chain us/layer':>15} {'dw7 chain':>10} {'ratio':>6}")
+           f"{'ratio':>6} {'chain us/layer':>15} {'dw7 chain':>10} {'ratio':>6} {'shell chain':>12}")
     lines = [f"{r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['triton_us']:17.1f} {r['kept_us']:16.1f} "
              f"{r['planned_us']:11.1f} {r['direct_us']:10.1f} {r['workspace_us']:13.1f} {r['graphs_us']:10.1f} "
-             f"{r['dw7_us']:8.1f} "
+             f"{r['dw7_us']:8.1f} {r['shell_us']:9.1f} "
              f"{r['host_us'] / r['dw7_us']:12.2f} "
              + (f"{r['compiled_us']:12.1f} {r['dw7_compiled_us']:16.1f} {r['compiled_us'] / r['dw7_compiled_us']:6.2f}"
                 if r["compiled_us"] is not None else f"{'-':>12} {'-':>16} {'-':>6}")
              + (f" {r['chain_us']:15.1f} {r['dw7_chain_us']:10.1f} {r['chain_us'] / r['dw7_chain_us']:6.2f}"
-                if r["chain_us"] is not None else f" {'-':>15} {'-':>10} {'-':>6}")
+                f" {r['shell_chain_us']:12.1f}"
+                if r["chain_us"] is not None else f" {'-':>15} {'-':>10} {'-':>6} {'-':>12}")
              for r in rows]
     report(args.out, gpu_env(), hdr, lines, rows,
-           note="median wall per forward + backward, B=1 bf16 channels_last (host-bound); chain: per layer of "
+           note="median wall per forward + backward, B=1 bf16 channels_last (host-bound); shell: the same autograd interface "
+                "with no work (allocations only); chain: per layer of "
                 f"{args.chain} chained layers with one backward (the default path)")
     return 0
 
