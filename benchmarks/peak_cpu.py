@@ -40,18 +40,24 @@ from wtconvnext.ops import wtconv2d, wtconv_triton  # noqa: E402
 
 
 class AllocationCounter:
-    """Inside ``with``: ``torch.empty`` counts the bytes of the storages it made that are still alive, and their
+    """Inside ``with``: ``torch.empty`` and ``torch.empty_strided`` count the bytes of the storages it made that are still alive, and their
     peak."""
 
     def __init__(self) -> None:
         self.live = self.peak = 0
         self._empty: Callable[..., torch.Tensor] = torch.empty
+        self._empty_strided: Callable[..., torch.Tensor] = torch.empty_strided
 
     def _freed(self, n: int) -> None:
         self.live -= n
 
     def empty(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        t = self._empty(*args, **kwargs)
+        return self._count(self._empty(*args, **kwargs))
+
+    def empty_strided(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self._count(self._empty_strided(*args, **kwargs))
+
+    def _count(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         n = storage.nbytes()
         self.live += n
@@ -60,11 +66,13 @@ class AllocationCounter:
         return t
 
     def __enter__(self) -> "AllocationCounter":
-        torch.empty = self.empty
+        # empty_strided: launch_plan.empty's channels-last buffers where a pass is not replayed (recorded, or
+        # chunked: a view of a tensor it did not make).
+        torch.empty, torch.empty_strided = self.empty, self.empty_strided
         return self
 
     def __exit__(self, *exc: object) -> None:
-        torch.empty = self._empty
+        torch.empty, torch.empty_strided = self._empty, self._empty_strided
 
 
 def layer_peak(b: int, c: int, h: int, w: int, levels: int, separate_dx: bool, mode: str = "workspace",
