@@ -1097,6 +1097,10 @@ TUNING: dict[str, int] = {
     # the peak by count (peak_cpu.py) 178.1 / 184.1 / 196.1 MiB at 56 x 56 with 4 (wgrad_imgs) / 2 / 1 images
     # (dw7: 172.8 measured; the bound is 1.1x). Not yet timed.
     "l1_imgs": 0,
+    # l1_wbc / l1_wwarps: channels (of 4C) and warps per program of that walk; 0: wgrad_bc / wgrad_warps. Neither
+    # changes a partial row (the channel blocks split the rows' lanes, not their sums), so the gradients stay bitwise
+    # the stored walk's; 32 channels doubles the walk's programs (at 56 x 56, B=128: 768 per launch instead of 384).
+    "l1_wbc": 0, "l1_wwarps": 0,
     # one_alloc = 1: a pass's small outputs that live together (the three folded kernels; the eager Function's five
     # parameter gradients) are views of one allocation (_views_of_one): a torch.empty costs several microseconds of
     # host time per call on a GPU (6.7 us each under cProfile, H200 session 29), a view about a microsecond. 0: one
@@ -1105,9 +1109,9 @@ TUNING: dict[str, int] = {
 }
 _MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "one_alloc": 1}  # 0 .. the value, not sizes
 # 0 turns the path off (conv_base_bc, l1_imgs: the rule)
-_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc", "l1_imgs")
+_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc", "l1_imgs", "l1_wbc", "l1_wwarps")
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
-              "l1_bc")
+              "l1_bc", "l1_wbc")
 
 def _tuning_from_env() -> None:
     path = os.environ.get("WTCONVNEXT_TUNING")
@@ -1805,6 +1809,8 @@ def level1_partials(x: Tensor, dy: Tensor, k: int, scratch: Tensor) -> Tensor:
     _check_cl(x, dy, scratch)
     bsz, ch, h, w = x.shape
     bw, warps, _, tp, _, lbc, compute = _walk_shape(x, k)
+    lbc = _block_c(4 * ch, TUNING["l1_wbc"]) if TUNING["l1_wbc"] else lbc
+    warps = TUNING["l1_wwarps"] or warps
     imgs = level1_imgs()
     groups = _cdiv(bsz, imgs)
     lev = _plan.empty((_level_programs(h, w, 1, bw, groups), tp, 4 * ch), _acc_dtype(x.dtype), x.device)
