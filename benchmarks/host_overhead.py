@@ -11,8 +11,7 @@ the compiled kernels kept after their first launch ("kept"; ``_launch`` in ``wtc
 with launch plans replayed through Triton's runners ("planned"), calling the launchers directly ("direct") and
 so with the intermediates in one workspace allocation per pass ("workspace"; ``wtconvnext/ops/launch_plan.py``;
 ``host_us`` is the default one of these), replaying each pass's launches as a CUDA graph keyed by its pointers
-("graphs", opt-in ``launch_plan.GRAPHS``), the default with one allocation per small output ("separate",
-TUNING ``one_alloc`` 0: the folded kernels and the parameter gradients not views of one buffer), and
+("graphs", opt-in ``launch_plan.GRAPHS``), and
 compiled with static sizes (Inductor's code launches the kernels), in alternating rounds so that drifts of the
 host hit all alike, with cuDNN's depthwise 7x7, eager and compiled, for scale. Prints the median per iteration and
 writes JSON.
@@ -50,8 +49,7 @@ from wtconvnext.ops import wtconv2d  # noqa: E402
 # launch_plan.WORKSPACE, launch_plan.GRAPHS).
 MODES = {"triton": (False, False, False, False, False), "kept": (True, False, False, False, False),
          "planned": (True, True, False, False, False), "direct": (True, True, True, False, False),
-         "workspace": (True, True, True, True, False), "graphs": (True, True, True, True, True),
-         "separate": (True, True, True, True, False)}
+         "workspace": (True, True, True, True, False), "graphs": (True, True, True, True, True)}
 
 
 class _Shell(torch.autograd.Function):
@@ -82,8 +80,6 @@ def _set_flags(flags: tuple[bool, ...]) -> None:
 
 def set_mode(mode: str) -> None:
     _set_flags(MODES[mode])
-    # "separate": the default path with one allocation per small output (TUNING one_alloc 0; part of a plan's key).
-    tk.TUNING["one_alloc"] = int(mode != "separate")
 
 
 def default_mode() -> str:
@@ -92,7 +88,7 @@ def default_mode() -> str:
     # WORKSPACE and GRAPHS only matter with DIRECT, DIRECT only with plans: the first mode whose effective flags
     # match.
     effective = lambda f: (f[0], f[1], f[1] and f[2], f[1] and f[2] and f[3], f[1] and f[2] and f[4])  # noqa: E731
-    return next(m for m, flags in MODES.items() if effective(flags) == effective(now) and m != "separate")
+    return next(m for m, flags in MODES.items() if effective(flags) == effective(now))
 
 
 def host_profile(fn, iters: int, top: int) -> str:
@@ -167,7 +163,7 @@ def main(argv=None) -> int:
         def dw7_compiled():
             torch.autograd.grad(dw7_graph(x, w7), [x, w7], dy)
 
-        defaults, one_alloc = _flags(), tk.TUNING["one_alloc"]
+        defaults = _flags()
         default = default_mode()
         times: dict[str, list[float]] = {m: [] for m in (*MODES, "dw7", "shell", "compiled", "dw7_compiled",
                                                          "chain", "dw7_chain", "shell_chain")}
@@ -201,12 +197,10 @@ def main(argv=None) -> int:
                           f"dw7 {wall_us(dw7, args.iters):.1f} us per f+b (table: on autograd's device thread)")
         finally:
             _set_flags(defaults)
-            tk.TUNING["one_alloc"] = one_alloc
         med = {k: statistics.median(v) if v else None for k, v in times.items()}
         rows.append(dict(C=c, H=h, W=w, levels=levels, dtype="bf16", B=1, iters=args.iters, rounds=args.rounds,
                          triton_us=med["triton"], kept_us=med["kept"], planned_us=med["planned"],
                          direct_us=med["direct"], workspace_us=med["workspace"], graphs_us=med["graphs"],
-                         separate_us=med["separate"],
                          dw7_us=med["dw7"], shell_us=med["shell"], shell_chain_us=med["shell_chain"],
                          host_us=med[default], default_path=default, compiled_us=med["compiled"],
                          dw7_compiled_us=med["dw7_compiled"], chain=args.chain, chain_us=med["chain"],
@@ -215,12 +209,11 @@ def main(argv=None) -> int:
         # Each shape's medians as they come (a call cut by its time limit keeps them).
         print(f"row C={c} H={h} L={levels}: " + ", ".join(f"{k} {v:.1f} us" for k, v in med.items() if v), flush=True)
     hdr = (f"{'C, H, L':14} {'triton launch us':>17} {'kept kernels us':>16} {'planned us':>11} {'direct us':>10} "
-           f"{'workspace us':>13} {'graphs us':>10} {'separate us':>12} {'dw7 us':>8} {'shell us':>9} {'default/dw7':>12} {'compiled us':>12} "
+           f"{'workspace us':>13} {'graphs us':>10} {'dw7 us':>8} {'shell us':>9} {'default/dw7':>12} {'compiled us':>12} "
            f"{'dw7 compiled us':>16} "
            f"{'ratio':>6} {'chain us/layer':>15} {'dw7 chain':>10} {'ratio':>6} {'shell chain':>12}")
     lines = [f"{r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['triton_us']:17.1f} {r['kept_us']:16.1f} "
              f"{r['planned_us']:11.1f} {r['direct_us']:10.1f} {r['workspace_us']:13.1f} {r['graphs_us']:10.1f} "
-             f"{r['separate_us']:12.1f} "
              f"{r['dw7_us']:8.1f} {r['shell_us']:9.1f} "
              f"{r['host_us'] / r['dw7_us']:12.2f} "
              + (f"{r['compiled_us']:12.1f} {r['dw7_compiled_us']:16.1f} {r['compiled_us'] / r['dw7_compiled_us']:6.2f}"

@@ -1101,13 +1101,8 @@ TUNING: dict[str, int] = {
     # changes a partial row (the channel blocks split the rows' lanes, not their sums), so the gradients stay bitwise
     # the stored walk's; 32 channels doubles the walk's programs (at 56 x 56, B=128: 768 per launch instead of 384).
     "l1_wbc": 0, "l1_wwarps": 0,
-    # one_alloc = 1: a pass's small outputs that live together (the three folded kernels; the eager Function's five
-    # parameter gradients) are views of one allocation (_views_of_one): a torch.empty costs several microseconds of
-    # host time per call on a GPU (6.7 us each under cProfile, H200 session 29), a view about a microsecond. 0: one
-    # allocation each (the A/B of benchmarks/host_overhead.py's "separate" rows).
-    "one_alloc": 1,
 }
-_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "one_alloc": 1}  # 0 .. the value, not sizes
+_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1}  # 0 .. the value, not sizes
 # 0 turns the path off (conv_base_bc, l1_imgs: the rule)
 _ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc", "l1_imgs", "l1_wbc", "l1_wwarps")
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
@@ -1495,8 +1490,6 @@ def _views_of_one(shapes: Sequence[Optional[tuple[int, ...]]], dtype: torch.dtyp
                   ) -> tuple[Optional[Tensor], ...]:
     """Contiguous tensors of ``shapes`` (None: none) as views of one allocation, each starting 128 bytes aligned
     (the kernels' vector loads, and Triton's 16-byte pointer specialisation, see them as separate buffers)."""
-    if not TUNING["one_alloc"]:
-        return tuple(None if s is None else _plan.empty(s, dtype, device) for s in shapes)
     align = 128 // dtype.itemsize
     offsets, total = [], 0
     for s in shapes:
