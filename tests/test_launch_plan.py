@@ -457,38 +457,6 @@ def test_input_gradient_is_written_into_dys_coefficient_buffer(plans, monkeypatc
 
 
 @pytest.mark.triton
-@pytest.mark.parametrize("plans", [False, True])
-def test_parameter_gradients_share_one_buffer_and_accumulate(plans, monkeypatch):
-    """The eager Function's five parameter gradients are views of one allocation (one torch.empty per backward,
-    not five; recorded and replayed as views), with the custom op's values bit for bit; autograd makes them the
-    parameters' .grad and accumulates into them like separate tensors. The custom op's gradients, outputs that may
-    not alias, stay separate."""
-    from wtconvnext.ops import wtconv_triton  # noqa: F401  (registers the custom ops)
-
-    monkeypatch.setattr(launch_plan, "ENABLED", plans)
-    g = torch.Generator().manual_seed(7)
-    c, k, levels, h, w = 4, 3, 2, 8, 6
-    params = [(torch.rand(*s, generator=g) - 0.5).to(DEVICE).requires_grad_() for s in
-              [(c, 1, k, k), (c,), (c,), (levels, c, 4, k, k), (levels, c, 4)]]
-    x = torch.rand(2, c, h, w, generator=g).to(DEVICE).contiguous(memory_format=torch.channels_last)
-    dy = torch.rand(2, c, h, w, generator=g).to(DEVICE).contiguous(memory_format=torch.channels_last)
-    op = torch.ops.wtconvnext.wtconv2d_backward(dy, x, *[p.detach() for p in params], 1)[1:]
-    assert len({t.untyped_storage().data_ptr() for t in op}) == 5
-    for step in range(3 if plans else 1):  # recorded, then replayed
-        for p in params:
-            p.grad = None
-        wtconv2d(x, *params, backend="triton").backward(dy)
-        grads = [p.grad for p in params]
-        assert len({t.untyped_storage().data_ptr() for t in grads}) == 1, "one buffer for the five"
-        for t, ref, p in zip(grads, op, params):
-            assert t.shape == p.shape and t.is_contiguous() and t.data_ptr() % 16 == 0
-            assert torch.equal(t, ref)
-    wtconv2d(x, *params, backend="triton").backward(dy)  # accumulated into the existing .grad
-    for p, ref in zip(params, op):
-        torch.testing.assert_close(p.grad, 2 * ref)
-
-
-@pytest.mark.triton
 def test_changed_tuning_records_a_new_plan(monkeypatch):
     """A plan is keyed by the tuning tables: a pass under other launch shapes is recorded anew, not replayed."""
     from wtconvnext.ops import triton_kernels as tk
