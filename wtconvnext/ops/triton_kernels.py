@@ -34,11 +34,10 @@ import contextlib
 import functools
 import inspect
 import json
-import math
 import os
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional
 
 import torch
 import triton
@@ -1486,29 +1485,6 @@ def _analyse(maps: tuple[Tensor, ...], levels: int, skip1: bool = False, bufs: O
     return bufs
 
 
-def _views_of_one(shapes: Sequence[Optional[tuple[int, ...]]], dtype: torch.dtype, device: torch.device
-                  ) -> tuple[Optional[Tensor], ...]:
-    """Contiguous tensors of ``shapes`` (None: none) as views of one allocation, each starting 128 bytes aligned
-    (the kernels' vector loads, and Triton's 16-byte pointer specialisation, see them as separate buffers)."""
-    align = 128 // dtype.itemsize
-    offsets, total = [], 0
-    for s in shapes:
-        offsets.append(total)
-        if s is not None:
-            total += -(-math.prod(s) // align) * align
-    flat = _plan.empty((max(total, 1),), dtype, device)
-    return tuple(None if s is None else _plan.view(flat, s, _contiguous_strides(s), off)
-                 for s, off in zip(shapes, offsets))
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, n = [], 1
-    for d in reversed(shape):
-        strides.append(n)
-        n *= d
-    return tuple(reversed(strides))
-
-
 def folded_weights(
     weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor,
     round_to: Optional[torch.dtype] = None,
@@ -1523,11 +1499,9 @@ def folded_weights(
     ch, k, levels = weight.shape[0], weight.shape[-1], wavelet_weight.shape[0]
     acc = _acc_dtype(round_to or weight.dtype)
     dev = weight.device
-    shapes = ((k, k, ch), (ch,) if bias is not None else None, (levels, k, k, 4, ch))
-    if _TRACED.on:  # a triton_op's outputs may not alias one another: one buffer each
-        base, fb, lev = (None if s is None else _plan.empty(s, acc, dev) for s in shapes)
-    else:  # one allocation, three views (host time: each torch.empty costs microseconds per layer call)
-        base, fb, lev = _views_of_one(shapes, acc, dev)
+    base = _plan.empty((k, k, ch), acc, dev)
+    fb = None if bias is None else _plan.empty((ch,), acc, dev)
+    lev = _plan.empty((levels, k, k, 4, ch), acc, dev)
     bc = _block_c(ch, 64)
     _launch(
         _fold_kernel, (_cdiv(ch, bc), levels + 1),
@@ -1848,7 +1822,7 @@ def batch_chunks(x: Tensor, levels: int) -> tuple[tuple[int, int], ...]:
 def param_grads(
     parts: tuple[Tensor, Tensor], x_shape: tuple[int, ...], weight: Tensor, bias: Optional[Tensor],
     base_scale: Tensor, wavelet_weight: Tensor, wavelet_scale: Tensor, round_to: Optional[torch.dtype] = None,
-    split: int = 0, grads: Optional[tuple[Tensor, ...]] = None, views: bool = False,
+    split: int = 0, grads: Optional[tuple[Tensor, ...]] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The parameters' gradients from :func:`weight_partials` (of an input of ``x_shape``), in one launch:
     ``(d weight, d bias, d base_scale, d wavelet_weight, d wavelet_scale)``, each contiguous in its parameter's
@@ -1859,23 +1833,17 @@ def param_grads(
     ``split`` 1: the base's and levels 2..L's only (``parts`` from :func:`weight_partials` with ``onload``); 2:
     level 1's only, into ``grads`` (the split-1 call's result), from ``parts = (p, p)`` with ``p`` the rows of
     :func:`level1_partials` (in image groups of :func:`level1_imgs`). Each partial row buffer can then be freed as
-    soon as it is summed.
-
-    ``views``: the five gradients as views of one allocation where their dtypes agree (one ``torch.empty`` instead
-    of five, host time per layer call; for autograd Functions, not for an op's outputs, which may not alias)."""
+    soon as it is summed."""
     bpart, lpart = parts
     bsz, _, h, w = x_shape
     ch, k, levels = weight.shape[0], weight.shape[-1], wavelet_weight.shape[0]
     weight, base_scale = weight.contiguous(), base_scale.contiguous()
     wavelet_weight, wavelet_scale = wavelet_weight.contiguous(), wavelet_scale.contiguous()
     if grads is None:
-        # A missing bias's gradient: the one a zero bias would get, in base_scale's dtype.
-        like = (weight, bias if bias is not None else base_scale, base_scale, wavelet_weight, wavelet_scale)
-        if views and all(p.dtype == weight.dtype for p in like):
-            d_weight, d_bias, d_base_scale, d_ww, d_ws = _views_of_one([tuple(p.shape) for p in like], weight.dtype,
-                                                                       weight.device)
-        else:
-            d_weight, d_bias, d_base_scale, d_ww, d_ws = (_plan.empty(p.shape, p.dtype, p.device) for p in like)
+        d_weight, d_base_scale, d_ww, d_ws = (_plan.empty(p.shape, p.dtype, p.device)
+                                              for p in (weight, base_scale, wavelet_weight, wavelet_scale))
+        like = bias if bias is not None else base_scale  # a missing bias's gradient: the one a zero bias would get
+        d_bias = _plan.empty(like.shape, like.dtype, like.device)
     else:
         d_weight, d_bias, d_base_scale, d_ww, d_ws = grads
     # A program per channel block and group (the base, every level's subbands), each summing its partial rows a

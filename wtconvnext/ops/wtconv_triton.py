@@ -123,18 +123,16 @@ if TRITON_AVAILABLE:
         with outputs ``outs``, as _backward_impl will run it, on a stand-in dy (compile_ahead.py)."""
         xc = inputs[0]
         dy = torch.empty(xc.shape, dtype=xc.dtype, device=xc.device, memory_format=torch.channels_last)
-        return _backward_core, (dy, *inputs, outs[1], outs[2]), (consts[1], True)
+        return _backward_core, (dy, *inputs, outs[1], outs[2]), (consts[1],)
 
     _ahead_training = functools.partial(_ahead.warm_pass, then=_backward_after)
 
     def _backward_core(
         dy: Tensor, xc: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
         wavelet_scale: Tensor, base_w: Optional[Tensor], level_w: Optional[Tensor], round_to: Optional[torch.dtype],
-        grad_views: bool = False,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         """The backward of a stride-1 pass over channels-last ``xc`` and ``dy``: (dx channels-last, the parameters'
-        gradients). ``base_w`` / ``level_w`` None: the folded kernels are made here (the backward op's).
-        ``grad_views``: the parameters' gradients may be views of one buffer (autograd Function, not an op)."""
+        gradients). ``base_w`` / ``level_w`` None: the folded kernels are made here (the backward op's)."""
         if base_w is None or level_w is None:
             base_w, _, level_w = folded_weights(weight, None, base_scale, wavelet_weight, wavelet_scale, round_to)
         levels, k = wavelet_weight.shape[0], weight.shape[-1]
@@ -156,7 +154,7 @@ if TRITON_AVAILABLE:
             del coef_x
             sums = (tuple(xc.shape), weight, bias, base_scale, wavelet_weight, wavelet_scale, round_to)
             if i == len(chunks) - 1:
-                grads = param_grads(parts, *sums, split=int(onload), views=grad_views)
+                grads = param_grads(parts, *sums, split=int(onload))
                 parts = None
             if dx is None:
                 # One chunk: dy's coefficient buffer where the pass allows (input_grad_buffer), else a new map.
@@ -178,15 +176,13 @@ if TRITON_AVAILABLE:
     def _backward_impl(
         dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], base_scale: Tensor, wavelet_weight: Tensor,
         wavelet_scale: Tensor, stride: int, base_w: Optional[Tensor], level_w: Optional[Tensor],
-        round_to: Optional[torch.dtype] = None, fwd_sig: Optional[tuple] = None, grad_views: bool = False,
+        round_to: Optional[torch.dtype] = None, fwd_sig: Optional[tuple] = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         """(dx, d weight, d bias, d base_scale, d wavelet_weight, d wavelet_scale); d bias is for a zero bias when
         ``bias`` is None. ``base_w`` / ``level_w`` are the forward's folded kernels, or None (made in the pass,
         which its launch plan then replays too); ``fwd_sig``, the forward's
         plan signature when x and the parameters are the very tensors that forward saw (autograd's saved ones):
-        with dy's, it determines the backward's inputs' signature, which is then not worked out again.
-        ``grad_views``: the parameters' gradients as views of one buffer (the eager Function's; an op's outputs
-        may not alias one another)."""
+        with dy's, it determines the backward's inputs' signature, which is then not worked out again."""
         bsz, ch, h, w = x.shape
         if stride > 1:
             # The stride subsamples the full-resolution output: its adjoint scatters dy back onto zeros.
@@ -198,8 +194,7 @@ if TRITON_AVAILABLE:
         # sizes, strides and alignment that the forward's signature fixes.
         sig = None if fwd_sig is None else (fwd_sig, _plan.signature(dyc))
         (dx, *grads), _ = _planned(_backward_core, (dyc, _channels_last(x), weight, bias, base_scale, wavelet_weight,
-                                                    wavelet_scale, base_w, level_w), round_to, grad_views,
-                                   sig=sig)
+                                                    wavelet_scale, base_w, level_w), round_to, sig=sig)
         return (_in_format_of(dx, x), *grads)
 
     def _refolded_backward(dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, stride, round_to=None):
@@ -345,7 +340,7 @@ if TRITON_AVAILABLE:
         x, weight, bias, base_scale, wavelet_weight, wavelet_scale = ctx.saved_tensors
         dx, dw, db, dbs, dww, dws = _backward_impl(
             dy, x, weight, bias, base_scale, wavelet_weight, wavelet_scale, ctx.stride, *ctx.folded, ctx.round_to,
-            ctx.sig, True,
+            ctx.sig,
         )
         return dx, dw, (db if bias is not None else None), dbs, dww, dws, None, None
 
