@@ -70,14 +70,14 @@ if [[ "$what" == *level1* ]]; then
   # Session 47: the staged path 1.451 ms against stored level 1's 1.305 at 56^2 (H100); its level-1 walk runs as two
   # launches of 384 programs, so the rows also time it in image groups of two (TUNING l1_imgs; one: 196.1 MiB by count, past the 1.1x bound).
   # Stored level 1 in batch chunks (chunk_kb 16384: 182.1 MiB by count at 56^2, 1.05x dw7's 172.8; unchunked
-  # 287.0) is another candidate; l1_wbc=32 / l1_wwarps=4 give the walk more programs / warps, bitwise the default.
+  # 287.0) is the third candidate.
   shapes="${LEVEL1_SHAPES:-0 1}"
-  l1vars="${LEVEL1_VARIANTS:-l1_onload=0 l1_imgs=2 l1_wbc=32 l1_wwarps=4 l1_onload=0,chunk_kb=16384}"
   step 170 level1_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 --stages $shapes \
-    --modes train --variants $l1vars
-  step 180 level1_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $shapes \
-    --variants $l1vars --impls wtconv_triton_cl $(printf 'wtconv_triton_cl+%s ' $l1vars) dw7_cl dw5_cl \
-    --out "$out/level1_layer.json"
+    --modes train --variants l1_onload=0 l1_imgs=2 l1_onload=0,chunk_kb=16384
+  step 150 level1_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $shapes \
+    --variants l1_onload=0 l1_imgs=2 l1_onload=0,chunk_kb=16384 --impls wtconv_triton_cl \
+    wtconv_triton_cl+l1_onload=0 wtconv_triton_cl+l1_imgs=2 wtconv_triton_cl+l1_onload=0,chunk_kb=16384 dw7_cl \
+    dw5_cl --out "$out/level1_layer.json"
   step 120 level1_profile.txt "$py" benchmarks/profile_layer.py --shapes $shapes --dtypes bf16 --cl
   step 120 level1_profile_stored.txt "$py" benchmarks/profile_layer.py --shapes $shapes --dtypes bf16 --cl \
     --tuning l1_onload=0

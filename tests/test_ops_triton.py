@@ -883,37 +883,6 @@ def test_level1_walk_in_smaller_image_groups(monkeypatch):
             assert torch.equal(g0[1:], g1[1:]), name
 
 
-def test_level1_walk_launch_shape_changes_no_bit(monkeypatch):
-    """TUNING l1_wbc / l1_wwarps: level 1's staged weight-gradient walk in narrower channel blocks and with other
-    warps per program; its partial rows, and so every gradient, bitwise those of the default walk."""
-    from wtconvnext.ops import launch_plan
-    from wtconvnext.ops import triton_kernels as tk
-
-    b, c, h, w, k, levels = 4, 16, 12, 10, 3, 2
-    params = _params(c, k, levels, True, torch.float32)
-    x = torch.randn(b, c, h, w, generator=torch.Generator().manual_seed(4)).to(DEVICE)
-    x = x.contiguous(memory_format=torch.channels_last)
-    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
-    launch_plan.clear()
-    blocks = []  # channel blocks of level 1's walks
-    launch = tk._launch
-
-    def spy(fn, grid, args, warps, **consts):
-        if fn.__name__ == "_wgrad_kernel" and consts.get("LEVELS") == 1 and tk._COLLECT.launches is None:
-            blocks.append((grid[1], warps))
-        return launch(fn, grid, args, warps, **consts)
-
-    monkeypatch.setattr(tk, "_launch", spy)
-    got = []
-    for wbc, wwarps in ((0, 0), (32, 1)):
-        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, "wgrad_imgs": 2, "wgrad_bc": 64,
-                                           "l1_wbc": wbc, "l1_wwarps": wwarps})
-        got.append(_run(x, params, 1, "triton", dy)[0])
-    assert blocks == [(1, tk.TUNING["wgrad_warps"])] * 2 + [(2, 1)] * 2, blocks
-    for name, g0, g1 in zip(NAMES, *got):
-        assert torch.equal(g0, g1), name
-
-
 def test_level1_on_load_applies_where_it_can(monkeypatch):
     """Level 1 on load needs an even map, stride 1, one chunk of images, the base convolution synthesising level 1
     with its values a row ahead, and a map past small_max; elsewhere the pass runs as before."""

@@ -1094,18 +1094,16 @@ TUNING: dict[str, int] = {
     # kernel's 3264, and the staged path ran at 1.451 ms per f+b against stored level 1's 1.305 (H100, session 47):
     # fewer images per program give the walk more programs (other sums, as deterministic), and more partial rows:
     # the peak by count (peak_cpu.py) 178.1 / 184.1 / 196.1 MiB at 56 x 56 with 4 (wgrad_imgs) / 2 / 1 images
-    # (dw7: 172.8 measured; the bound is 1.1x). Not yet timed.
+    # (dw7: 172.8 measured; the bound is 1.1x). Timed (H100, session 48, one process, f+b at 56 x 56): 2 images
+    # 1.475 ms against the default's 1.455 (stored level 1: 1.306); the walk in 32-channel blocks (768 programs)
+    # 1.562 and with 4 warps 1.560: more programs made it slower, so its occupancy is not what it loses.
     "l1_imgs": 0,
-    # l1_wbc / l1_wwarps: channels (of 4C) and warps per program of that walk; 0: wgrad_bc / wgrad_warps. Neither
-    # changes a partial row (the channel blocks split the rows' lanes, not their sums), so the gradients stay bitwise
-    # the stored walk's; 32 channels doubles the walk's programs (at 56 x 56, B=128: 768 per launch instead of 384).
-    "l1_wbc": 0, "l1_wwarps": 0,
 }
 _MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1}  # 0 .. the value, not sizes
 # 0 turns the path off (conv_base_bc, l1_imgs: the rule)
-_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc", "l1_imgs", "l1_wbc", "l1_wwarps")
+_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc", "l1_imgs")
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
-              "l1_bc", "l1_wbc")
+              "l1_bc")
 
 def _tuning_from_env() -> None:
     path = os.environ.get("WTCONVNEXT_TUNING")
@@ -1776,8 +1774,6 @@ def level1_partials(x: Tensor, dy: Tensor, k: int, scratch: Tensor) -> Tensor:
     _check_cl(x, dy, scratch)
     bsz, ch, h, w = x.shape
     bw, warps, _, tp, _, lbc, compute = _walk_shape(x, k)
-    lbc = _block_c(4 * ch, TUNING["l1_wbc"]) if TUNING["l1_wbc"] else lbc
-    warps = TUNING["l1_wwarps"] or warps
     imgs = level1_imgs()
     groups = _cdiv(bsz, imgs)
     lev = _plan.empty((_level_programs(h, w, 1, bw, groups), tp, 4 * ch), _acc_dtype(x.dtype), x.device)
