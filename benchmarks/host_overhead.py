@@ -166,7 +166,8 @@ def main(argv=None) -> int:
         defaults = _flags()
         default = default_mode()
         times: dict[str, list[float]] = {m: [] for m in (*MODES, "dw7", "shell", "compiled", "dw7_compiled",
-                                                         "chain", "dw7_chain", "shell_chain")}
+                                                         "chain", "dw7_chain", "shell_chain",
+                                                         "graphs_chain")}
         try:
             for mode in MODES:  # compile / fill the caches and record the plans outside the timing
                 set_mode(mode)
@@ -174,10 +175,12 @@ def main(argv=None) -> int:
                     wt()
             compiled = {"dw7": dw7, "shell": shell} if args.no_compile else {
                 "dw7": dw7, "shell": shell, "compiled": wt_compiled, "dw7_compiled": dw7_compiled}
-            set_mode(default)
-            for fn in (*compiled.values(), *chained.values()):
-                fn()
-                fn()
+            for mode in ("graphs", default):  # the chain's plans recorded, seen and captured in both modes
+                set_mode(mode)
+                for fn in (*compiled.values(), *chained.values()):
+                    fn()
+                    fn()
+                    fn()
             for _ in range(args.rounds):
                 for mode in MODES:
                     set_mode(mode)
@@ -187,6 +190,10 @@ def main(argv=None) -> int:
                     times[name].append(wall_us(fn, args.iters))
                 for name, fn in chained.items():
                     times[name].append(wall_us(fn, max(args.iters // n, 1)) / n)
+                if n and default != "graphs":  # the opt-in graph mode in a chain, as a model's step would run it
+                    set_mode("graphs")
+                    times["graphs_chain"].append(wall_us(chained["chain"], max(args.iters // n, 1)) / n)
+                    set_mode(default)
             if args.cprofile:
                 set_mode(default)
                 print(f"=== cProfile, C={c} {h}x{w} L={levels}, B=1 bf16 f+b, {args.cprofile} calls ({default})")
@@ -202,6 +209,7 @@ def main(argv=None) -> int:
                          triton_us=med["triton"], kept_us=med["kept"], planned_us=med["planned"],
                          direct_us=med["direct"], workspace_us=med["workspace"], graphs_us=med["graphs"],
                          dw7_us=med["dw7"], shell_us=med["shell"], shell_chain_us=med["shell_chain"],
+                         graphs_chain_us=med["graphs_chain"],
                          host_us=med[default], default_path=default, compiled_us=med["compiled"],
                          dw7_compiled_us=med["dw7_compiled"], chain=args.chain, chain_us=med["chain"],
                          dw7_chain_us=med["dw7_chain"],
@@ -209,9 +217,11 @@ def main(argv=None) -> int:
         # Each shape's medians as they come (a call cut by its time limit keeps them).
         print(f"row C={c} H={h} L={levels}: " + ", ".join(f"{k} {v:.1f} us" for k, v in med.items() if v), flush=True)
     hdr = (f"{'C, H, L':14} {'triton launch us':>17} {'kept kernels us':>16} {'planned us':>11} {'direct us':>10} "
-           f"{'workspace us':>13} {'graphs us':>10} {'dw7 us':>8} {'shell us':>9} {'default/dw7':>12} {'compiled us':>12} "
+           f"{'workspace us':>13} {'graphs us':>10} {'dw7 us':>8} {'shell us':>9} {'default/dw7':>12} "
+           f"{'compiled us':>12} "
            f"{'dw7 compiled us':>16} "
-           f"{'ratio':>6} {'chain us/layer':>15} {'dw7 chain':>10} {'ratio':>6} {'shell chain':>12}")
+           f"{'ratio':>6} {'chain us/layer':>15} {'dw7 chain':>10} {'ratio':>6} {'shell chain':>12} "
+           f"{'graphs chain':>13}")
     lines = [f"{r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['triton_us']:17.1f} {r['kept_us']:16.1f} "
              f"{r['planned_us']:11.1f} {r['direct_us']:10.1f} {r['workspace_us']:13.1f} {r['graphs_us']:10.1f} "
              f"{r['dw7_us']:8.1f} {r['shell_us']:9.1f} "
@@ -219,12 +229,13 @@ def main(argv=None) -> int:
              + (f"{r['compiled_us']:12.1f} {r['dw7_compiled_us']:16.1f} {r['compiled_us'] / r['dw7_compiled_us']:6.2f}"
                 if r["compiled_us"] is not None else f"{'-':>12} {'-':>16} {'-':>6}")
              + (f" {r['chain_us']:15.1f} {r['dw7_chain_us']:10.1f} {r['chain_us'] / r['dw7_chain_us']:6.2f}"
-                f" {r['shell_chain_us']:12.1f}"
-                if r["chain_us"] is not None else f" {'-':>15} {'-':>10} {'-':>6} {'-':>12}")
+                f" {r['shell_chain_us']:12.1f} "
+                + (f"{r['graphs_chain_us']:13.1f}" if r["graphs_chain_us"] is not None else f"{'-':>13}")
+                if r["chain_us"] is not None else f" {'-':>15} {'-':>10} {'-':>6} {'-':>12} {'-':>13}")
              for r in rows]
     report(args.out, gpu_env(), hdr, lines, rows,
-           note="median wall per forward + backward, B=1 bf16 channels_last (host-bound); shell: the same autograd interface "
-                "with no work (allocations only); chain: per layer of "
+           note="median wall per forward + backward, B=1 bf16 channels_last (host-bound); shell: the same autograd "
+                "interface with no work (allocations only); chain: per layer of "
                 f"{args.chain} chained layers with one backward (the default path)")
     return 0
 

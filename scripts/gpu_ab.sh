@@ -67,17 +67,17 @@ if [[ "$what" == *level1* ]]; then
   # Level 1 on load (issue 14): its weight gradients staged through dx's buffer (the default) against stored
   # level 1 (l1_onload=0) and cuDNN, bf16 B=128, at LEVEL1_SHAPES (default 56^2 and 28^2, where it applies; about
   # 4 minutes on an H100 with the compiles); then the GPU test that the two agree bit for bit.
-  # Session 47: the staged path 1.451 ms against stored level 1's 1.305 at 56^2 (H100); its level-1 walk runs as two
-  # launches of 384 programs, so the rows also time it in image groups of two (TUNING l1_imgs; one: 196.1 MiB by count, past the 1.1x bound).
-  # Stored level 1 in batch chunks (chunk_kb 16384: 182.1 MiB by count at 56^2, 1.05x dw7's 172.8; unchunked
-  # 287.0) is the third candidate.
+  # Session 47: the staged path 1.451 ms against stored level 1's 1.305 at 56^2 (H100). Session 48 (H100, one
+  # process): the staged walk in image groups of two 1.475, in 32-channel blocks 1.562, with 4 warps 1.560 against
+  # the default's 1.455 and stored level 1's 1.306: more programs made it slower. Next candidate: stored level 1 in
+  # batch chunks (chunk_kb 16384: 182.1 MiB by count at 56^2, 1.05x dw7's 172.8; unchunked 287.0; 101 launches).
   shapes="${LEVEL1_SHAPES:-0 1}"
+  l1vars="${LEVEL1_VARIANTS:-l1_onload=0 l1_onload=0,chunk_kb=16384}"
   step 170 level1_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 --stages $shapes \
-    --modes train --variants l1_onload=0 l1_imgs=2 l1_onload=0,chunk_kb=16384
+    --modes train --variants $l1vars
   step 150 level1_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $shapes \
-    --variants l1_onload=0 l1_imgs=2 l1_onload=0,chunk_kb=16384 --impls wtconv_triton_cl \
-    wtconv_triton_cl+l1_onload=0 wtconv_triton_cl+l1_imgs=2 wtconv_triton_cl+l1_onload=0,chunk_kb=16384 dw7_cl \
-    dw5_cl --out "$out/level1_layer.json"
+    --variants $l1vars --impls wtconv_triton_cl $(printf 'wtconv_triton_cl+%s ' $l1vars) dw7_cl dw5_cl \
+    --out "$out/level1_layer.json"
   step 120 level1_profile.txt "$py" benchmarks/profile_layer.py --shapes $shapes --dtypes bf16 --cl
   step 120 level1_profile_stored.txt "$py" benchmarks/profile_layer.py --shapes $shapes --dtypes bf16 --cl \
     --tuning l1_onload=0
