@@ -187,7 +187,8 @@ def test_direct_replay_calls_the_launchers_with_pointers(monkeypatch):
 def test_graph_mode_replays_a_captured_graph_per_pointer_set(monkeypatch):
     """GRAPHS (opt-in): a direct replay launches as usual the first time its pointers are seen, captures a graph of
     its launches the second time and replays it (once) then and every later time; other pointers launch again, a
-    stream being captured never captures, and at most _MAX_GRAPHS graphs are kept per plan."""
+    stream being captured never captures, at most _MAX_GRAPHS graphs are kept per plan, and a plan that has dropped
+    _MAX_GRAPHS of them captures no more."""
     calls: list = []
     capturing = [False]
     monkeypatch.setattr(launch_plan, "_direct_env", (lambda: 5, lambda: True))
@@ -242,6 +243,13 @@ def test_graph_mode_replays_a_captured_graph_per_pointer_set(monkeypatch):
     assert replay(x2, w) == replayed
     capturing[0] = True
     assert replay(x2, w) == direct  # a graph for these pointers, but the stream is being captured
+    capturing[0] = False
+    assert replay(x, w)[0] == ("capture",)  # x's again (seen once since its drop); x2's dropped: two, _MAX_GRAPHS
+    x4 = torch.zeros(3)
+    for _ in range(3):  # pointers that keep changing: no more captures in this plan
+        assert replay(x4, w) == direct
+    assert replay(x2, w) == direct
+    assert replay(x3, w) == replayed and replay(x, w) == replayed  # the graphs it has still replay
 
 
 def test_direct_replay_puts_intermediates_in_one_workspace(monkeypatch):

@@ -36,7 +36,8 @@ or ``GRAPHS = True`` (read when a plan is recorded; part of a plan's key). A dir
 direct makes its allocations and reads its pointers as before, then, instead of its launches, replays a CUDA graph
 of them keyed by those pointers: a training loop's caching allocator hands a layer the same addresses every step, so
 from the second step on a pass is one graph launch instead of 2-12 kernel launches. A key's graph is captured the
-second time the key is seen (one-off keys cost no capture), at most ``_MAX_GRAPHS`` per plan (oldest dropped).
+second time the key is seen (one-off keys cost no capture), at most ``_MAX_GRAPHS`` per plan (oldest dropped; a plan
+that has dropped ``_MAX_GRAPHS`` captures no more, so pointer sets that never settle cost no capture per call).
 While the current stream is itself being captured, nothing is captured or replayed: the launches join that capture.
 Launches deferred to the end of the pass keep their order, so a buffer freed mid-pass and handed to a later
 allocation of the pass is reused in stream order, as before.
@@ -235,7 +236,7 @@ class _Plan:
             else:
                 lines.append(f"    {names[op[1]]} = None")
         if graphs:
-            env["_graphs"], env["_seen"], env["_graph_miss"] = {}, {}, _graph_miss
+            env["_graphs"], env["_seen"], env["_dropped"], env["_graph_miss"] = {}, {}, [0], _graph_miss
             env["_capturing"] = _graph_env[1]  # type: ignore[index]
             # The key: every pointer the launches take (the workspace's buffers by its own pointer).
             key = (["pa"] if arena_made else []) + [f"p{s}" for s in sorted(pointers) if s not in offsets]
@@ -246,7 +247,7 @@ class _Plan:
                       "    else:",
                       "        def launches(st):",
                       *(f"            {c}" for c in deferred),
-                      "        _graph_miss(_graphs, _seen, key, launches, st)"]
+                      "        _graph_miss(_graphs, _seen, _dropped, key, launches, st)"]
         lines.append(f"    return ({''.join(('None' if s < 0 else names[s]) + ', ' for s in self.outs)})")
         exec(compile("\n".join(lines), "<launch plan>", "exec"), env)  # noqa: S102 (our own generated source)
         return env["run"]
@@ -345,12 +346,15 @@ def use_graphs(capture: Callable[[Callable[[int], None]], Any], capturing: Calla
     _graph_env = (capture, capturing)
 
 
-def _graph_miss(graphs: dict, seen: dict, key: tuple, launches: Callable[[int], None], stream: int) -> None:
+def _graph_miss(graphs: dict, seen: dict, dropped: list[int], key: tuple, launches: Callable[[int], None],
+                stream: int) -> None:
     """A graph-mode pass whose pointers have no graph: launch, or capture and replay the second time ``key`` is
-    seen."""
+    seen. ``dropped[0]``: graphs this plan has dropped for newer ones; from ``_MAX_GRAPHS`` on it captures no more
+    (a workload cycling through more pointer sets than a plan keeps would otherwise capture on every other call:
+    each capture costs more host time than the launches it saves), replaying the graphs it has."""
     capture, capturing = _graph_env  # type: ignore[misc]
     n = seen.get(key, 0) + 1
-    if n < 2 or capturing():
+    if n < 2 or capturing() or dropped[0] >= _MAX_GRAPHS:
         if len(seen) >= 4 * _MAX_GRAPHS:  # keys seen once: bounded
             seen.clear()
         seen[key] = n
@@ -365,6 +369,7 @@ def _graph_miss(graphs: dict, seen: dict, key: tuple, launches: Callable[[int], 
         return
     if len(graphs) >= _MAX_GRAPHS:
         graphs.pop(next(iter(graphs)))  # the oldest
+        dropped[0] += 1
     graphs[key] = g
     g.replay()
 
