@@ -75,12 +75,13 @@ if [[ "$what" == *level1* ]]; then
   l1vars="${LEVEL1_VARIANTS:-l1_onload=0 l1_onload=0,chunk_kb=16384}"
   step 170 level1_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 --stages $shapes \
     --modes train --variants $l1vars
-  step 150 level1_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $shapes \
-    --variants $l1vars --impls wtconv_triton_cl $(printf 'wtconv_triton_cl+%s ' $l1vars) dw7_cl dw5_cl \
-    --out "$out/level1_layer.json"
+  # The per-kernel profiles first (session 48's call was cut before them): where the staged path's 0.15 ms go.
   step 120 level1_profile.txt "$py" benchmarks/profile_layer.py --shapes $shapes --dtypes bf16 --cl
   step 120 level1_profile_stored.txt "$py" benchmarks/profile_layer.py --shapes $shapes --dtypes bf16 --cl \
     --tuning l1_onload=0
+  step 150 level1_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $shapes \
+    --variants $l1vars --impls wtconv_triton_cl $(printf 'wtconv_triton_cl+%s ' $l1vars) dw7_cl dw5_cl \
+    --out "$out/level1_layer.json"
   step 150 level1_test.txt "$py" -m pytest -q -rs tests/gpu/test_gpu.py -k level1_on_load
 fi
 if [[ "$what" == *planmode* ]]; then
