@@ -116,9 +116,17 @@ def rows_from_log(path: str) -> list[dict]:
     return rows
 
 
+def _ratios(r: dict, ref: dict) -> None:
+    """Row ``r``'s ratios to its shape's faster dw7 row ``ref``."""
+    r["fwdbwd_vs_best_dw7"] = r["fwdbwd_ms"] / ref["fwdbwd_ms"]
+    r["peak_vs_best_dw7"] = r["peak_mb"] / ref["peak_mb"] if ref["peak_mb"] > 0 else float("nan")
+    r["best_dw7_layout"] = ref["impl"]
+
+
 def write_table(out: str, env: dict, rows: list[dict], quiet: bool = False) -> None:
-    """Ratios of every row to the faster depthwise 7x7 (cuDNN) layout of its dtype and shape; the table (printed
-    unless ``quiet``) and the JSON at ``out``. A shape without a dw7 row (a cut run) is left out."""
+    """Ratios of every row to the faster depthwise 7x7 (cuDNN) layout of its dtype and shape; the table and the JSON
+    at ``out``, where a shape without a dw7 row (a cut run) is left out. ``quiet``: a partial write of every row so
+    far, JSON only (marked ``partial``)."""
     def key(r):
         return (r["dtype"], r["B"], r["C"], r["H"], r["W"])
 
@@ -128,22 +136,21 @@ def write_table(out: str, env: dict, rows: list[dict], quiet: bool = False) -> N
             k = key(r)
             if k not in best_dw7 or r["fwdbwd_ms"] < best_dw7[k]["fwdbwd_ms"]:
                 best_dw7[k] = r
+    if quiet:  # a partial write (after every row): every row so far, ratios where its shape has a dw7 row
+        for r in rows:
+            if key(r) in best_dw7:
+                _ratios(r, best_dw7[key(r)])
+        write_json(out, dict(env=env, rows=rows, partial=True))
+        return
     rows = [r for r in rows if key(r) in best_dw7]
     for r in rows:
-        ref = best_dw7[key(r)]
-        r["fwdbwd_vs_best_dw7"] = r["fwdbwd_ms"] / ref["fwdbwd_ms"]
-        r["peak_vs_best_dw7"] = r["peak_mb"] / ref["peak_mb"] if ref["peak_mb"] > 0 else float("nan")
-        r["best_dw7_layout"] = ref["impl"]
-
+        _ratios(r, best_dw7[key(r)])
     hdr = f"{'dtype':5} {'shape (B,C,H,W,L)':22} {'impl':22} {'fwd ms':>8} {'f+b ms':>8} {'peak MB':>9} {'f+b/dw7*':>9} {'mem/dw7*':>9}"
     lines = []
     for r in rows:
         shape = f"{r['B']},{r['C']},{r['H']},{r['W']},{r['levels']}"
         lines.append(f"{r['dtype']:5} {shape:22} {r['impl']:22} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} "
                      f"{r['peak_mb']:9.1f} {r['fwdbwd_vs_best_dw7']:9.2f} {r['peak_vs_best_dw7']:9.2f}")
-    if quiet:
-        write_json(out, dict(env=env, rows=rows))
-        return
     report(out, env, hdr, lines, rows,
            note="* ratio to the faster layout of depthwise 7x7 (cuDNN) in the same dtype and shape")
 
@@ -191,7 +198,8 @@ def main(argv=None) -> int:
             unknown = [n for n in args.impls or () if n not in cases]
             if unknown:  # a misspelt row would otherwise be left out without a word
                 ap.error(f"--impls: no row {unknown} in {dname}; the rows are {sorted(cases)}")
-            for name, (fwd, fwdbwd, _) in cases.items():
+            # cuDNN's rows first: the ratios' denominators are in hand when a time limit cuts the shape short.
+            for name, (fwd, fwdbwd, _) in sorted(cases.items(), key=lambda kv: not kv[0].startswith("dw")):
                 if (args.quick and name == "wtconv_reference") or (args.impls and name not in args.impls):
                     continue
                 fwdbwd()  # compile / autotune outside the timing
@@ -199,9 +207,11 @@ def main(argv=None) -> int:
                            fwd_ms=_bench(fwd, rep=rep), fwdbwd_ms=_bench(fwdbwd, rep=rep), peak_mb=_peak_mb(fwdbwd))
                 rows.append(row)
                 print(row_line(row), flush=True)
+                # After every row: a run cut by a time limit keeps what it timed (a shape's rows can take minutes
+                # of compiles: session 48's call lost every row of its first shape).
+                write_table(args.out, env, rows, quiet=True)
             del cases
             torch.cuda.empty_cache()
-            write_table(args.out, env, rows, quiet=True)  # after every shape: a run cut by a time limit keeps its rows
     write_table(args.out, env, rows)
     return 0
 

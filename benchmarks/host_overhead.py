@@ -39,7 +39,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import SHAPES  # noqa: E402
-from benchmarks.common import gpu_env, layer_chain, report, wall_us, wtconv_inputs  # noqa: E402
+from benchmarks.common import gpu_env, layer_chain, report, wall_us, write_json, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import launch_plan  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
@@ -214,8 +214,9 @@ def main(argv=None) -> int:
                          dw7_compiled_us=med["dw7_compiled"], chain=args.chain, chain_us=med["chain"],
                          dw7_chain_us=med["dw7_chain"],
                          samples=times))
-        # Each shape's medians as they come (a call cut by its time limit keeps them).
+        # Each shape's medians as they come, printed and written (a call cut by its time limit keeps them).
         print(f"row C={c} H={h} L={levels}: " + ", ".join(f"{k} {v:.1f} us" for k, v in med.items() if v), flush=True)
+        write_json(args.out, dict(env=gpu_env(), rows=rows, partial=True))
     hdr = (f"{'C, H, L':14} {'triton launch us':>17} {'kept kernels us':>16} {'planned us':>11} {'direct us':>10} "
            f"{'workspace us':>13} {'graphs us':>10} {'dw7 us':>8} {'shell us':>9} {'default/dw7':>12} "
            f"{'compiled us':>12} "

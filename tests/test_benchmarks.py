@@ -231,6 +231,24 @@ def test_bench_layer_rebuilds_a_cut_runs_table_from_its_row_lines(tmp_path: Path
     assert bench_layer.rows_from_log(str(tmp_path / "printed.log")) == [row]
 
 
+def test_bench_layer_partial_write_keeps_every_row(tmp_path: Path) -> None:
+    """The JSON written after every row (a run cut by its limit keeps it): every row so far, ratios only where the
+    shape has a dw7 row, marked partial."""
+    from benchmarks import bench_layer
+
+    rows = [dict(dtype="bf16", B=8, C=96, H=56, W=56, levels=5, impl="dw7_cl", fwd_ms=0.4, fwdbwd_ms=1.3, peak_mb=10.0),
+            dict(dtype="bf16", B=8, C=96, H=56, W=56, levels=5, impl="wtconv_triton_cl", fwd_ms=0.4, fwdbwd_ms=1.4,
+                 peak_mb=11.0),
+            dict(dtype="bf16", B=8, C=192, H=28, W=28, levels=4, impl="wtconv_triton_cl", fwd_ms=0.2, fwdbwd_ms=0.7,
+                 peak_mb=5.0)]
+    out = tmp_path / "layer.json"
+    bench_layer.write_table(str(out), {"gpu": "H100"}, rows, quiet=True)
+    data = json.loads(out.read_text())
+    assert data["partial"] is True and len(data["rows"]) == 3
+    assert data["rows"][1]["fwdbwd_vs_best_dw7"] == pytest.approx(1.4 / 1.3)
+    assert "fwdbwd_vs_best_dw7" not in data["rows"][2]
+
+
 def test_compile_ahead_cpu_lists_a_training_steps_specialisations(tmp_path: Path, monkeypatch) -> None:
     """The cold-start script's list (each stage's forward and backward dry-run, as compile_ahead.py does): the
     multi-launch stages' nine kernels and the small-map stages' six, once each; its table times each (the sm_90
