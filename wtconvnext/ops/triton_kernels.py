@@ -1096,7 +1096,7 @@ TUNING: dict[str, int] = {
     # the peak by count (peak_cpu.py) 178.1 / 184.1 / 196.1 MiB at 56 x 56 with 4 (wgrad_imgs) / 2 / 1 images
     # (dw7: 172.8 measured; the bound is 1.1x). Timed (H100, session 48, one process, f+b at 56 x 56): 2 images
     # 1.475 ms against the default's 1.455 (stored level 1: 1.306); the walk in 32-channel blocks (768 programs)
-    # 1.562 and with 4 warps 1.560: more programs made it slower, so its occupancy is not what it loses.
+    # 1.562 and with 4 warps 1.560 (same bits; both since removed): more programs did not help.
     "l1_imgs": 0,
 }
 _MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1}  # 0 .. the value, not sizes
