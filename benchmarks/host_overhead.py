@@ -3,6 +3,7 @@
 Usage (any CUDA GPU)::
 
     python benchmarks/host_overhead.py [--out results/host.json] [--iters 300] [--rounds 7] [--no-compile]
+                                       [--kernel-time] [--cprofile N]
 
 At B=1 every kernel finishes in microseconds, so the wall time of an iteration is the host's: Python, torch's
 allocations and autograd, and the kernel launches. For each WTConvNeXt-T stage shape (channels_last, bf16) it
@@ -91,6 +92,21 @@ def default_mode() -> str:
     return next(m for m, flags in MODES.items() if effective(flags) == effective(now))
 
 
+def kernel_us(fn, iters: int) -> float:
+    """Microseconds of GPU kernel (and copy) time per call of ``fn``, by torch.profiler's CUDA activity: set beside a
+    wall time, whether the calls are host-bound (wall above it) or GPU-bound (wall at it)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    total = sum(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0) for e in prof.key_averages())
+    return total / iters
+
+
 def host_profile(fn, iters: int, top: int) -> str:
     """cProfile of ``iters`` calls of ``fn``: the ``top`` functions by own time (where the host time goes; the
     launchers and torch's C functions appear as built-ins). Autograd runs the backward on the calling thread here
@@ -122,6 +138,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-compile", action="store_true", help="skip the compiled rows (their compiles take minutes)")
     ap.add_argument("--chain", type=int, default=8, metavar="N",
                     help="layers in the chained rows (per-layer host time with one backward per chain; 0: none)")
+    ap.add_argument("--kernel-time", action="store_true",
+                    help="also the GPU kernel time per call of the default path, single and per layer in the chain "
+                         "(torch.profiler): at B=1 a chain may be GPU-bound rather than host-bound")
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
                     help="also print a cProfile of N default-path calls per shape (top 25 functions by own time)")
     args = ap.parse_args(argv)
@@ -194,6 +213,14 @@ def main(argv=None) -> int:
                     set_mode("graphs")
                     times["graphs_chain"].append(wall_us(chained["chain"], max(args.iters // n, 1)) / n)
                     set_mode(default)
+            kernels = {}
+            if args.kernel_time:
+                set_mode(default)
+                kernels["kernel_us"] = kernel_us(wt, 20)
+                if n:
+                    kernels["chain_kernel_us"] = kernel_us(chained["chain"], 5) / n
+                print(f"kernel time, C={c} {h}x{w}: " + ", ".join(f"{k} {v:.1f}" for k, v in kernels.items()),
+                      flush=True)
             if args.cprofile:
                 set_mode(default)
                 print(f"=== cProfile, C={c} {h}x{w} L={levels}, B=1 bf16 f+b, {args.cprofile} calls ({default})")
@@ -212,7 +239,7 @@ def main(argv=None) -> int:
                          graphs_chain_us=med["graphs_chain"],
                          host_us=med[default], default_path=default, compiled_us=med["compiled"],
                          dw7_compiled_us=med["dw7_compiled"], chain=args.chain, chain_us=med["chain"],
-                         dw7_chain_us=med["dw7_chain"],
+                         dw7_chain_us=med["dw7_chain"], **kernels,
                          samples=times))
         # Each shape's medians as they come, printed and written (a call cut by its time limit keeps them).
         print(f"row C={c} H={h} L={levels}: " + ", ".join(f"{k} {v:.1f} us" for k, v in med.items() if v), flush=True)
