@@ -116,13 +116,6 @@ def rows_from_log(path: str) -> list[dict]:
     return rows
 
 
-def _ratios(r: dict, ref: dict) -> None:
-    """Row ``r``'s ratios to its shape's faster dw7 row ``ref``."""
-    r["fwdbwd_vs_best_dw7"] = r["fwdbwd_ms"] / ref["fwdbwd_ms"]
-    r["peak_vs_best_dw7"] = r["peak_mb"] / ref["peak_mb"] if ref["peak_mb"] > 0 else float("nan")
-    r["best_dw7_layout"] = ref["impl"]
-
-
 def write_table(out: str, env: dict, rows: list[dict], quiet: bool = False) -> None:
     """Ratios of every row to the faster depthwise 7x7 (cuDNN) layout of its dtype and shape; the table and the JSON
     at ``out``, where a shape without a dw7 row (a cut run) is left out. ``quiet``: a partial write of every row so
@@ -136,15 +129,16 @@ def write_table(out: str, env: dict, rows: list[dict], quiet: bool = False) -> N
             k = key(r)
             if k not in best_dw7 or r["fwdbwd_ms"] < best_dw7[k]["fwdbwd_ms"]:
                 best_dw7[k] = r
-    if quiet:  # a partial write (after every row): every row so far, ratios where its shape has a dw7 row
-        for r in rows:
-            if key(r) in best_dw7:
-                _ratios(r, best_dw7[key(r)])
+    for r in rows:
+        ref = best_dw7.get(key(r))
+        if ref is not None:
+            r["fwdbwd_vs_best_dw7"] = r["fwdbwd_ms"] / ref["fwdbwd_ms"]
+            r["peak_vs_best_dw7"] = r["peak_mb"] / ref["peak_mb"] if ref["peak_mb"] > 0 else float("nan")
+            r["best_dw7_layout"] = ref["impl"]
+    if quiet:  # a partial write (after every row): every row so far
         write_json(out, dict(env=env, rows=rows, partial=True))
         return
     rows = [r for r in rows if key(r) in best_dw7]
-    for r in rows:
-        _ratios(r, best_dw7[key(r)])
     hdr = f"{'dtype':5} {'shape (B,C,H,W,L)':22} {'impl':22} {'fwd ms':>8} {'f+b ms':>8} {'peak MB':>9} {'f+b/dw7*':>9} {'mem/dw7*':>9}"
     lines = []
     for r in rows:

@@ -66,6 +66,11 @@ def with_entries(fn: Any, table: dict, entries: dict) -> Any:
     return run
 
 
+def device_time_us(event: Any) -> float:
+    """A torch.profiler averaged event's total device time, µs (``cuda_time_total`` before torch renamed it)."""
+    return getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+
+
 def write_json(path: str | Path, payload: Any) -> None:
     """Write ``payload`` as JSON to ``path`` through a temporary sibling, so a killed run never leaves half a file."""
     out = Path(path)

@@ -40,7 +40,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import SHAPES  # noqa: E402
-from benchmarks.common import gpu_env, layer_chain, report, wall_us, write_json, wtconv_inputs  # noqa: E402
+from benchmarks.common import (device_time_us, gpu_env, layer_chain, report, wall_us, write_json,  # noqa: E402
+                               wtconv_inputs)
 from wtconvnext.ops import launch_plan  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
@@ -103,8 +104,7 @@ def kernel_us(fn, iters: int) -> float:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    total = sum(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0) for e in prof.key_averages())
-    return total / iters
+    return sum(device_time_us(e) for e in prof.key_averages()) / iters
 
 
 def host_profile(fn, iters: int, top: int) -> str:
@@ -148,6 +148,7 @@ def main(argv=None) -> int:
         print("host_overhead.py needs a CUDA GPU", file=sys.stderr)
         return 2
     cl = torch.channels_last
+    env = gpu_env()
     rows = []
     for _, c, h, w, levels in (SHAPES[i] for i in args.shapes):
         x, dy, p = wtconv_inputs(1, c, h, w, levels, torch.bfloat16)
@@ -194,12 +195,14 @@ def main(argv=None) -> int:
                     wt()
             compiled = {"dw7": dw7, "shell": shell} if args.no_compile else {
                 "dw7": dw7, "shell": shell, "compiled": wt_compiled, "dw7_compiled": dw7_compiled}
-            for mode in ("graphs", default):  # the chain's plans recorded, seen and captured in both modes
-                set_mode(mode)
-                for fn in (*compiled.values(), *chained.values()):
-                    fn()
-                    fn()
-                    fn()
+            if n:  # the chain's graphs recorded, seen and captured (graphs_chain below)
+                set_mode("graphs")
+                for _ in range(3):
+                    chained["chain"]()
+            set_mode(default)
+            for fn in (*compiled.values(), *chained.values()):
+                fn()
+                fn()
             for _ in range(args.rounds):
                 for mode in MODES:
                     set_mode(mode)
@@ -243,7 +246,7 @@ def main(argv=None) -> int:
                          samples=times))
         # Each shape's medians as they come, printed and written (a call cut by its time limit keeps them).
         print(f"row C={c} H={h} L={levels}: " + ", ".join(f"{k} {v:.1f} us" for k, v in med.items() if v), flush=True)
-        write_json(args.out, dict(env=gpu_env(), rows=rows, partial=True))
+        write_json(args.out, dict(env=env, rows=rows, partial=True))
     hdr = (f"{'C, H, L':14} {'triton launch us':>17} {'kept kernels us':>16} {'planned us':>11} {'direct us':>10} "
            f"{'workspace us':>13} {'graphs us':>10} {'dw7 us':>8} {'shell us':>9} {'default/dw7':>12} "
            f"{'compiled us':>12} "
@@ -261,7 +264,7 @@ def main(argv=None) -> int:
                 + (f"{r['graphs_chain_us']:13.1f}" if r["graphs_chain_us"] is not None else f"{'-':>13}")
                 if r["chain_us"] is not None else f" {'-':>15} {'-':>10} {'-':>6} {'-':>12} {'-':>13}")
              for r in rows]
-    report(args.out, gpu_env(), hdr, lines, rows,
+    report(args.out, env, hdr, lines, rows,
            note="median wall per forward + backward, B=1 bf16 channels_last (host-bound); shell: the same autograd "
                 "interface with no work (allocations only); chain: per layer of "
                 f"{args.chain} chained layers with one backward (the default path)")

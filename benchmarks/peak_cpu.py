@@ -40,8 +40,8 @@ from wtconvnext.ops import wtconv2d, wtconv_triton  # noqa: E402
 
 
 class AllocationCounter:
-    """Inside ``with``: ``torch.empty`` and ``torch.empty_strided`` count the bytes of the storages it made that are still alive, and their
-    peak."""
+    """Inside ``with``: ``torch.empty`` and ``torch.empty_strided`` count the bytes of the storages they made that
+    are still alive, and their peak."""
 
     def __init__(self) -> None:
         self.live = self.peak = 0

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import DTYPES, SHAPES, _cases  # noqa: E402
-from benchmarks.common import wall_us  # noqa: E402
+from benchmarks.common import device_time_us, wall_us  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 
 
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
             print(f"\n=== {dname} B={b} C={c} {h}x{w} L={levels} {name}{tuned}: per-iteration CUDA time by kernel")
             rows = []
             for e in prof.key_averages():
-                t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+                t = device_time_us(e)
                 if t > 0 and e.count >= args.iters:
                     rows.append((t / args.iters, e.count // args.iters, e.key))
             total = 0.0
