@@ -2,7 +2,7 @@
 # The kernels' GPU checks, A/Bs and benchmarks (issue 14 on), step by step in device calls of at most 10 minutes.
 #   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [layer] [profile] [compiled] [pmodel]
 #                          [graphs] [host] [launch] [pair] [pgrad] [eager] [warm] [parity] [patch] [cmodel]
-#                          [sizes] [dense] [trainbench] [cold] [ahead] [level1] [planmode]
+#                          [sizes] [dense] [trainbench] [cold] [ahead] [level1] [planmode] [bits]
 # TCACHE=DIR: Triton's compiled kernels and Inductor's cache are unpacked from DIR first and packed into OUTDIR last
 # (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles. The parts (binaries only,
 # 15 MiB each) must come back as files of their own: with $OUT set (the device machine) they are copied there, beside
@@ -51,6 +51,12 @@ if [[ "$what" == *warm* ]]; then
     > "$out/warm.txt" 2>&1 &
   warm_pid=$!
 fi
+if [[ "$what" == *bits* ]]; then
+  # The CPU-suite tests that compare two kernel paths bit for bit, on the GPU, one process, with tracebacks: session
+  # 49's cut suite lost the one of test_level1_on_load_changes_no_bit[fp16-L1], which failed on an H100 (bf16-L3
+  # and fp32-L6 passed; every level-1 case against the float64 reference passed).
+  step 240 bits.txt "$py" -m pytest -q -rs --tb=short tests/test_ops_triton.py -k "changes_no_bit or bitwise"
+fi
 if [[ "$what" == *tests* ]]; then
   # pytest-xdist workers side by side (scripts/gpu_tests.sh): compiling the kernels' specialisations (CPU-bound)
   # is most of the time.
@@ -67,15 +73,15 @@ if [[ "$what" == *level1* ]]; then
   # Level 1 on load (issue 14): its weight gradients staged through dx's buffer (the default) against stored
   # level 1 (l1_onload=0) and cuDNN, bf16 B=128, at LEVEL1_SHAPES (default 56^2 and 28^2, where it applies; about
   # 4 minutes on an H100 with the compiles); then the GPU test that the two agree bit for bit.
-  # Session 47: the staged path 1.451 ms against stored level 1's 1.305 at 56^2 (H100). Session 48 (H100, one
-  # process): the staged walk in image groups of two 1.475, in 32-channel blocks 1.562, with 4 warps 1.560 against
-  # the default's 1.455 and stored level 1's 1.306: more programs made it slower. Next candidate: stored level 1 in
-  # batch chunks (chunk_kb 16384: 182.1 MiB by count at 56^2, 1.05x dw7's 172.8; unchunked 287.0; 101 launches).
+  # Session 47: the staged path 1.451 ms against stored level 1's 1.305 at 56^2 (H100). Session 48: more programs
+  # in the staged walk made it slower. Session 49 (H100, one process): stored level 1 in batch chunks (chunk_kb
+  # 16384, 13 chunks, 101 launches) 5.74 ms against dw7's 1.343; by the profiler the staged path's 0.14 ms over
+  # stored level 1 are in the backward (results/h200/level1.txt).
   shapes="${LEVEL1_SHAPES:-0 1}"
-  l1vars="${LEVEL1_VARIANTS:-l1_onload=0 l1_onload=0,chunk_kb=16384}"
+  l1vars="${LEVEL1_VARIANTS:-l1_onload=0}"
   step 170 level1_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 --stages $shapes \
     --modes train --variants $l1vars
-  # The per-kernel profiles first (session 48's call was cut before them): where the staged path's 0.15 ms go.
+  # The per-kernel profiles first (a cut call keeps them).
   step 120 level1_profile.txt "$py" benchmarks/profile_layer.py --shapes $shapes --dtypes bf16 --cl
   step 120 level1_profile_stored.txt "$py" benchmarks/profile_layer.py --shapes $shapes --dtypes bf16 --cl \
     --tuning l1_onload=0
@@ -89,6 +95,9 @@ if [[ "$what" == *planmode* ]]; then
   # fixed, never GPU-run), then the host-bound layer rows at 14^2 / 7^2 without and with it, each process against
   # cuDNN (session 47, B=1 host: 540 / 486 us default, 472 / 421 in graph mode).
   step 150 planmode_test.txt "$py" -m pytest -q -rs tests/test_launch_plan.py -k graph_mode
+  # Session 49: without warm kernels the first row's compiles spent its 120 s (the 7^2 rows were cut).
+  step 150 planmode_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 --stages 2 3 \
+    --modes train
   step 120 planmode_off.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes 2 3 \
     --impls wtconv_triton_cl dw7_cl --out "$out/planmode_off.json"
   step 120 planmode_on.txt env WTCONVNEXT_PLAN_GRAPHS=1 "$py" benchmarks/bench_layer.py --quick --dtypes bf16 \

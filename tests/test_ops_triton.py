@@ -60,6 +60,13 @@ def _max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
 
 
+def _bits_differ(a: torch.Tensor, e: torch.Tensor) -> str:
+    """Where two results that should be bitwise equal are not: how many elements differ, and by how much at most
+    (a GPU failure must say whether it is an ulp of rounding or a wrong value without a second run)."""
+    bad = a != e
+    return f"{int(bad.sum())} of {a.numel()} elements differ, by up to {(a.double() - e.double()).abs().max().item():.3g}"
+
+
 NAMES = ["y", "dx", "dweight", "dbias", "dbase_scale", "dwavelet_weight", "dwavelet_scale"]
 
 
@@ -410,7 +417,7 @@ def test_syn1_ahead_changes_no_bit(small_max, monkeypatch):
         got[mode], dy = _run(x, params, stride, "triton")  # (the same dy: a fixed seed)
     for mode in (1, 2):
         for name, a, e in zip(NAMES, got[0], got[mode]):
-            assert torch.equal(a, e), (mode, name)
+            assert torch.equal(a, e), (mode, name, _bits_differ(a, e))
     ref, _ = _run(x.double(), [p.double() for p in params], stride, "reference", dy.double())
     for name, r, o in zip(NAMES, ref, got[1]):
         assert _max_rel(o, r) <= 1e-5, name
@@ -835,52 +842,11 @@ def test_level1_on_load_changes_no_bit(dtype, shape, imgs, narrow, monkeypatch):
         walks.append(names.count("_wgrad_kernel"))
     for name, a, *others in zip([n for n in NAMES if bias or n != "dbias"], *got):
         for i, e in enumerate(others):
-            assert torch.equal(a, e), (name, i)
+            assert torch.equal(a, e), (name, i, _bits_differ(a, e))
     # Level 1's walks: one per chunk of images staged (b // 2 images each, or all of them); with levels > 1 the
     # pair kernel walks the base and levels 2..L (wgrad_pair 0: two more launches, the base's and the levels').
     staged = -(-b // (b // 2 // imgs * imgs)) if b // 2 // imgs else 1
     assert walks[1] == staged + (levels == 1), walks
-
-
-def test_level1_walk_in_smaller_image_groups(monkeypatch):
-    """TUNING l1_imgs: level 1's staged weight-gradient walk in image groups of its own (one image here, against
-    wgrad_imgs 2): level 1's gradients within 1e-10 of the reference in float64 (other partial sums than the stored
-    walk's, summed by param_grads with their own group count), the same bits run to run, every other output and
-    gradient bitwise that of l1_imgs 0; the walk has one partial row per image and strip."""
-    from wtconvnext.ops import launch_plan
-    from wtconvnext.ops import triton_kernels as tk
-
-    shape = (4, 3, 12, 10, 3, 2, 1, True)
-    b, c, h, w, k, levels, stride, bias = shape
-    params = _params(c, k, levels, bias, torch.float64)
-    x = torch.randn(b, c, h, w, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).to(DEVICE)
-    x = x.contiguous(memory_format=torch.channels_last)
-    ref, dy = _run(x, params, stride, "reference")
-    launch_plan.clear()  # (a plan of an earlier test would replay without launching through _launch)
-    walks = []  # level 1's walks: programs along the image groups and strips
-    launch = tk._launch
-
-    def spy(fn, grid, args, warps, **consts):
-        if fn.__name__ == "_wgrad_kernel" and consts.get("LEVELS") == 1 and tk._COLLECT.launches is None:
-            walks.append(grid[0])
-        return launch(fn, grid, args, warps, **consts)
-
-    monkeypatch.setattr(tk, "_launch", spy)
-    got = []
-    for l1_imgs in (0, 1, 1):
-        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, "wgrad_imgs": 2, "l1_imgs": l1_imgs})
-        got.append(_run(x, params, stride, "triton", dy)[0])
-    strips = -(-(w // 2) // tk.TUNING["wgrad_bw"])
-    # Two walks (half a batch each) per call; the third call replays the second's launch plan.
-    assert walks == [b // 4 * strips] * 2 + [b // 2 * strips] * 2, walks
-    names = [n for n in NAMES if bias or n != "dbias"]
-    for name, r, g0, g1, g2 in zip(names, ref, *got):
-        assert torch.equal(g1, g2), name
-        assert _rel(g1, r) < 1e-10, name
-        if name not in ("dwavelet_weight", "dwavelet_scale"):
-            assert torch.equal(g0, g1), name
-        else:  # level 2's rows are the pair walk's either way
-            assert torch.equal(g0[1:], g1[1:]), name
 
 
 def test_level1_on_load_applies_where_it_can(monkeypatch):

@@ -1086,22 +1086,15 @@ TUNING: dict[str, int] = {
     # one chunk, syn1 with syn1_ahead, not in a traced triton_op body: else the pass is as before). The layer's
     # workspace drops from 8/3 of its input to about 2/3 (levels 2..L of x and dy). l1_bw / l1_bc / l1_warps:
     # _level1_kernel's columns, channels and warps per program (H100, session 42, proto_level1.py: 2 / 32 / 1 at
-    # 0.92x the analysis + level convolution it replaces at 56 x 56, 0.98-0.99x at 28 x 28).
+    # 0.92x the analysis + level convolution it replaces at 56 x 56, 0.98-0.99x at 28 x 28). Level 1's staged walk
+    # with more programs (image groups of 2, 32-channel blocks, 4 warps) ran 1.4-7 % slower (H100, session 48; git
+    # bab313d / b254b47 have the knobs); stored level 1 in batch chunks (chunk_kb 16384, 1.06x dw7's memory) 4.4x
+    # slower, 101 launches (session 49). Per kernel at 56 x 56 (session 49): level 1 on load costs 0.14 ms over
+    # stored level 1, in the backward (extra x / dy analysis for the staged walk, its two launches, the chain rule's).
     "l1_onload": 1, "l1_bw": 2, "l1_bc": 32, "l1_warps": 1,
-    # l1_imgs: images per program of level 1's staged weight-gradient walk (level1_partials); 0: wgrad_imgs, whose
-    # partial rows are those of the stored-level-1 walk, so the gradients are bitwise the same. At B=128 and 56 x 56
-    # that walk is two launches of 384 programs (half a batch each) where stored level 1 is part of the pair
-    # kernel's 3264, and the staged path ran at 1.451 ms per f+b against stored level 1's 1.305 (H100, session 47):
-    # fewer images per program give the walk more programs (other sums, as deterministic), and more partial rows:
-    # the peak by count (peak_cpu.py) 178.1 / 184.1 / 196.1 MiB at 56 x 56 with 4 (wgrad_imgs) / 2 / 1 images
-    # (dw7: 172.8 measured; the bound is 1.1x). Timed (H100, session 48, one process, f+b at 56 x 56): 2 images
-    # 1.475 ms against the default's 1.455 (stored level 1: 1.306); the walk in 32-channel blocks (768 programs)
-    # 1.562 and with 4 warps 1.560 (same bits; both since removed): more programs did not help.
-    "l1_imgs": 0,
 }
 _MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1}  # 0 .. the value, not sizes
-# 0 turns the path off (conv_base_bc, l1_imgs: the rule)
-_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc", "l1_imgs")
+_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc")  # 0 turns the path off (conv_base_bc: the rule)
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
               "l1_bc")
 
@@ -1757,24 +1750,17 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
     return base, lev
 
 
-def level1_imgs() -> int:
-    """Images per program of level 1's staged weight-gradient walk (TUNING l1_imgs; 0: wgrad_imgs)."""
-    return TUNING["l1_imgs"] or TUNING["wgrad_imgs"]
-
-
 def level1_partials(x: Tensor, dy: Tensor, k: int, scratch: Tensor) -> Tensor:
     """Level 1's weight-gradient partial rows, which :func:`weight_partials` with ``onload`` leaves out (for
-    :func:`param_grads` with ``split`` 2): with TUNING l1_imgs 0 (the default) the same rows bit for bit as one walk
-    over every level's coefficients.
+    :func:`param_grads` with ``split`` 2): the same rows bit for bit as one walk over every level's coefficients.
 
-    x's and dy's level-1 subbands are analysed half a batch at a time (whole image groups of :func:`level1_imgs`)
+    x's and dy's level-1 subbands are analysed half a batch at a time (whole image groups of TUNING wgrad_imgs)
     into ``scratch``, the channels-last input-gradient buffer, dead until its pass: as many elements as a map, so
     they take no memory of their own, and the walk reads stored values. A batch of fewer than two groups' worth of
     images analyses all of it at once, dy's subbands into a buffer of their own (a map of these few images)."""
     _check_cl(x, dy, scratch)
     bsz, ch, h, w = x.shape
-    bw, warps, _, tp, _, lbc, compute = _walk_shape(x, k)
-    imgs = level1_imgs()
+    bw, warps, imgs, tp, _, lbc, compute = _walk_shape(x, k)
     groups = _cdiv(bsz, imgs)
     lev = _plan.empty((_level_programs(h, w, 1, bw, groups), tp, 4 * ch), _acc_dtype(x.dtype), x.device)
     n1 = h * w * ch  # elements of one image's level-1 subbands, as of the image itself (h and w even)
@@ -1828,8 +1814,7 @@ def param_grads(
 
     ``split`` 1: the base's and levels 2..L's only (``parts`` from :func:`weight_partials` with ``onload``); 2:
     level 1's only, into ``grads`` (the split-1 call's result), from ``parts = (p, p)`` with ``p`` the rows of
-    :func:`level1_partials` (in image groups of :func:`level1_imgs`). Each partial row buffer can then be freed as
-    soon as it is summed."""
+    :func:`level1_partials`. Each partial row buffer can then be freed as soon as it is summed."""
     bpart, lpart = parts
     bsz, _, h, w = x_shape
     ch, k, levels = weight.shape[0], weight.shape[-1], wavelet_weight.shape[0]
@@ -1849,8 +1834,7 @@ def param_grads(
     _launch(
         _param_grads_kernel, (_cdiv(ch, bc), (1 + 4 * levels, 1 + 4 * (levels - 1), 4)[split]),
         (bpart, lpart, weight, bias if bias is not None else base_scale, base_scale, wavelet_weight, wavelet_scale,
-         d_weight, d_bias, d_base_scale, d_ww, d_ws, bpart.shape[0], h, w, bsz,
-         level1_imgs() if split == 2 else TUNING["wgrad_imgs"]), 8,
+         d_weight, d_bias, d_base_scale, d_ww, d_ws, bpart.shape[0], h, w, bsz, TUNING["wgrad_imgs"]), 8,
         C=ch, K=k, TP=tp, LEVELS=levels, BW=TUNING["wgrad_bw"], HAS_BIAS=bias is not None,
         BLOCK_C=bc, COMPUTE=_compute_dtype(bpart.dtype), ROUND=_tl_dtype(round_to),
         RB=max(2, 512 // tp), SPLIT=split,
