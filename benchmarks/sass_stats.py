@@ -32,7 +32,7 @@ from benchmarks.common import compile_sm90, write_json  # noqa: E402
 
 KERNELS = ["conv_base", "conv_base_syn1", "conv_levels", "dx_base", "small", "small_dx",
            "wgrad_base", "wgrad_levels", "wgrad_levels_unroll", "wgrad_levels_fp32", "wgrad_pair",
-           "wgrad_level1"]
+           "wgrad_level1", "level1", "level1_dx"]
 _INSTR = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[.\s]")
 _BRANCH = re.compile(r"BRA\s+`?\((\.L_x_\d+)\)")
 
@@ -57,6 +57,11 @@ def _case(name: str, ch: int, dtype: str):
                      CHUNK=tun["small_chunk"], STRIDE=1, HAS_BIAS=not dx, FLIP=dx, HAS_COEF=dx, COMPUTE=fp,
                      SYN1=int(tk._syn1(tun["small_bw"])), SYN_AHEAD=tun["syn1_ahead"])
         return sk._small_kernel, sig, const, tun["small_warps"]
+    if name.startswith("level1"):  # level 1's convolutions with its subbands made on load (TUNING l1_onload)
+        sig = dict(x_ptr=x, y_ptr=x, w_ptr=f32, H=i32, W=i32)
+        const = dict(C=ch, K=5, BW=tun["l1_bw"], BC=tk._block_c(ch, tun["l1_bc"]), FLIP=name == "level1_dx",
+                     COMPUTE=fp, UNROLL=bool(tun["l1_unroll"]))
+        return tk._level1_kernel, sig, const, tun["l1_warps"]
     if name.startswith(("conv", "dx")):
         sig = dict(x_ptr=x, acc_ptr=x, acc2_ptr=x, y_ptr=x, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32, W=i32, B=i32)
         syn1 = name.endswith("syn1")

@@ -811,6 +811,37 @@ def test_level1_on_load_matches_reference(shape, monkeypatch):
     assert names.count("_level1_kernel") == 2, names
 
 
+@pytest.mark.parametrize("dtype, shape", [
+    (torch.float32, ONLOAD_SHAPES[0]),  # h1 + PAD = 7 rows: two blocks of K = 3 and one of a single row
+    (torch.bfloat16, ONLOAD_SHAPES[3]),  # h1 = 2 level-1 rows under PAD = 3: the first block's tests skip both
+], ids=["fp32-K3", "bf16-K7"])
+def test_level1_unrolled_rows_change_no_bit(dtype, shape, monkeypatch):
+    """TUNING l1_unroll: _level1_kernel's rows in unrolled blocks of K (the last block partial) give the output and
+    every gradient bit for bit as the rolled loop, and the launches say which ran."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    b, c, h, w, k, levels, stride, bias = shape
+    params = [p.to(dtype) if p is not None else None for p in _params(c, k, levels, bias, torch.float64)]
+    x = torch.randn(b, c, h, w, generator=torch.Generator().manual_seed(11)).to(DEVICE, dtype)
+    x = x.contiguous(memory_format=torch.channels_last)
+    unrolled = []
+    launch = tk._launch
+
+    def spy(fn, grid, args, warps, **consts):
+        if fn.__name__ == "_level1_kernel" and tk._COLLECT.launches is None:
+            unrolled.append(consts["UNROLL"])
+        return launch(fn, grid, args, warps, **consts)
+
+    monkeypatch.setattr(tk, "_launch", spy)
+    got = []
+    for unroll in (0, 1):
+        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, "l1_onload": 1, "l1_unroll": unroll})
+        got.append(_run(x, params, stride, "triton")[0])
+    assert unrolled == [False, False, True, True], unrolled  # forward and input gradient, each setting
+    for name, a, e in zip([n for n in NAMES if bias or n != "dbias"], *got):
+        assert torch.equal(a, e), (name, _bits_differ(a, e))
+
+
 @pytest.mark.parametrize("dtype, shape, imgs, narrow", [
     (torch.bfloat16, (2, 8, 12, 10, 5, 3, 1, True), 1, False),  # the default strips (the last one partial); one block
     (torch.float32, (1, 3, 12, 16, 3, 6, 1, False), 4, True),  # more levels than the map halves, two analysis launches

@@ -187,7 +187,7 @@ def _level1_kernel(
     w_ptr,  # (L, K, K, 4, C): the folded level kernels (taps-major, then subband); level 1's are used
     H, W,
     C: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, FLIP: tl.constexpr,
-    COMPUTE: tl.constexpr,
+    COMPUTE: tl.constexpr, UNROLL: tl.constexpr = False,
 ):
     """Level 1's K x K convolutions with its subbands made as the input rows load, no coefficient buffer: a
     program walks down BW of level 1's columns, loads the two full-resolution rows under each level-1 row, makes
@@ -207,36 +207,67 @@ def _level1_kernel(
     cc = tl.program_id(1) * BC + tl.arange(0, BC)
     cmask = cc < C
     ty = x_ptr.dtype.element_ty
+    # The subbands' 1/2 goes into the weights (24 multiplies a row less): rounding commutes with halving, and a
+    # product with half the weight is the same, bit for bit, where ty has fp32's exponent range (bf16, fp32, fp64;
+    # values under 2^-125 aside); fp16's narrower range would round small subbands differently, so it halves them.
+    HALF: tl.constexpr = ty == tl.float16
     wts = ()
     for t in tl.static_range(K * K):
         for s in tl.static_range(4):
-            wts = wts + (tl.load(w_ptr + (t * 4 + s) * C + cc, mask=cmask, other=0.0).to(COMPUTE),)
+            wv = tl.load(w_ptr + (t * 4 + s) * C + cc, mask=cmask, other=0.0).to(COMPUTE)
+            if not HALF:
+                wv = wv * 0.5
+            wts = wts + (wv,)
     inm, outm = _column_masks(cmask, j0, w1, K, BW, 1)
     rs = tl.cast(W * C, tl.int64)
-    xb = x_ptr + b * H * rs + cc
-    yb = y_ptr + b * H * rs + cc
+    # The strip's first input and output pixels: every load and store of a row is then a constant offset from one
+    # of two row pointers (immediates of the load instruction), where offsets from the row's start cost a 64-bit
+    # add each (sm_90: 24 IADD3 pairs a row of 557 instructions).
+    xb = x_ptr + b * H * rs + cc + 2 * (j0 - PAD) * C
+    yb = y_ptr + b * H * rs + cc + 2 * j0 * C
     acc = ()
     for _ in tl.static_range(4 * K * BW):  # subband-major, then row slot, then column
         acc = acc + (tl.zeros((BC,), dtype=COMPUTE),)
-    for r in range(0, h1 + PAD):
-        o = r - PAD
-        if r < h1:
-            top = xb + (2 * r) * rs
-            for i in tl.static_range(NI):
-                col = 2 * (j0 + (i - PAD))
-                a = tl.load(top + col * C, mask=inm[i], other=0.0).to(COMPUTE)
-                bb = tl.load(top + (col + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
-                c = tl.load(top + rs + col * C, mask=inm[i], other=0.0).to(COMPUTE)
-                d = tl.load(top + rs + (col + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
-                v = _haar(a, bb, c, d, ty, COMPUTE)  # as _analysis_level stores them
-                for s in tl.static_range(4):
-                    acc = _tap_fmas(acc, v[s], wts, i, K, BW, FLIP, 4, s)
-        if o >= 0:
+    if UNROLL:
+        # Rows in unrolled blocks of K: the rolling accumulators rotate back to where they started, so the loop
+        # carries them without register moves (sm_90: 34 MOVs a row rolled, 7 unrolled; 225 registers, not 185).
+        for r0 in range(0, h1 + PAD, K):
+            for u in tl.static_range(K):
+                acc = _level1_row(acc, r0 + u, h1, xb, yb, rs, wts, inm, outm, ty, C, K, BW, FLIP, COMPUTE, HALF)
+    else:
+        for r in range(0, h1 + PAD):
+            acc = _level1_row(acc, r, h1, xb, yb, rs, wts, inm, outm, ty, C, K, BW, FLIP, COMPUTE, HALF)
+
+
+@triton.jit
+def _level1_row(acc, r, h1, xb, yb, rs, wts, inm, outm, ty: tl.constexpr, C: tl.constexpr, K: tl.constexpr,
+                BW: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, HALF: tl.constexpr):
+    """_level1_kernel's step r: level-1 row r's subbands into the accumulators (r < h1), output row r - PAD stored
+    (when it is one), the accumulators one row on."""
+    PAD: tl.constexpr = K // 2
+    o = r - PAD
+    if r < h1:
+        top = xb + (2 * r) * rs
+        bot = top + rs
+        for i in tl.static_range(BW + K - 1):
+            a = tl.load(top + (2 * i) * C, mask=inm[i], other=0.0).to(COMPUTE)
+            bb = tl.load(top + (2 * i + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
+            c = tl.load(bot + (2 * i) * C, mask=inm[i], other=0.0).to(COMPUTE)
+            d = tl.load(bot + (2 * i + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
+            v = _haar(a, bb, c, d, ty, COMPUTE, HALF)  # as _analysis_level stores them (or twice that)
             for s in tl.static_range(4):
-                for q in tl.static_range(BW):
-                    p = yb + (2 * o + s // 2) * rs + (2 * (j0 + q) + s % 2) * C
-                    tl.store(p, acc[(s * K) * BW + q].to(y_ptr.dtype.element_ty), mask=outm[q])
-        acc = _rotate_rows(acc, K, BW, 4)
+                acc = _tap_fmas(acc, v[s], wts, i, K, BW, FLIP, 4, s)
+    if (o >= 0) & (o < h1):
+        ytop = yb + (2 * o) * rs
+        ybot = ytop + rs
+        for s in tl.static_range(4):
+            for q in tl.static_range(BW):
+                if s // 2 == 0:
+                    p = ytop + (2 * q + s % 2) * C
+                else:
+                    p = ybot + (2 * q + s % 2) * C
+                tl.store(p, acc[(s * K) * BW + q].to(yb.dtype.element_ty), mask=outm[q])
+    return _rotate_rows(acc, K, BW, 4)
 
 
 @triton.jit
@@ -668,15 +699,19 @@ def _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
 
 
 @triton.jit
-def _haar(a, b, c, d, ty: tl.constexpr, COMPUTE: tl.constexpr):
+def _haar(a, b, c, d, ty: tl.constexpr, COMPUTE: tl.constexpr, HALF: tl.constexpr = True):
     """The Haar subbands (LL, top-minus-bottom, left-minus-right, diagonal) of the 2 x 2 block ``[[a, b], [c, d]]``
-    (in COMPUTE), rounded to ``ty`` as the analysis stores them, in COMPUTE."""
+    (in COMPUTE), rounded to ``ty`` as the analysis stores them, in COMPUTE. HALF = False: twice that, the 1/2
+    left to the caller's weights (see _level1_kernel)."""
     ab = a + b
     cd = c + d
     amb = a - b
     cmd = c - d
-    return (((ab + cd) * 0.5).to(ty).to(COMPUTE), ((ab - cd) * 0.5).to(ty).to(COMPUTE),
-            ((amb + cmd) * 0.5).to(ty).to(COMPUTE), ((amb - cmd) * 0.5).to(ty).to(COMPUTE))
+    if HALF:
+        return (((ab + cd) * 0.5).to(ty).to(COMPUTE), ((ab - cd) * 0.5).to(ty).to(COMPUTE),
+                ((amb + cmd) * 0.5).to(ty).to(COMPUTE), ((amb - cmd) * 0.5).to(ty).to(COMPUTE))
+    return ((ab + cd).to(ty).to(COMPUTE), (ab - cd).to(ty).to(COMPUTE), (amb + cmd).to(ty).to(COMPUTE),
+            (amb - cmd).to(ty).to(COMPUTE))
 
 
 @triton.jit
@@ -1092,8 +1127,13 @@ TUNING: dict[str, int] = {
     # slower, 101 launches (session 49). Per kernel at 56 x 56 (session 49): level 1 on load costs 0.14 ms over
     # stored level 1, in the backward (extra x / dy analysis for the staged walk, its two launches, the chain rule's).
     "l1_onload": 1, "l1_bw": 2, "l1_bc": 32, "l1_warps": 1,
+    # l1_unroll = 1: _level1_kernel's rows in unrolled blocks of K (no register moves for the rolling accumulators;
+    # sm_90, bf16: 418 against 454 instructions a row, 225 registers against 185, 9.2 s to compile against 3).
+    # Not timed yet.
+    "l1_unroll": 0,
 }
-_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1}  # 0 .. the value, not sizes
+# 0 .. the value, not sizes
+_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "l1_unroll": 1}
 _ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc")  # 0 turns the path off (conv_base_bc: the rule)
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
               "l1_bc")
@@ -1599,7 +1639,7 @@ def _onload_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor
         acc2 = coef
     bw, bc = TUNING["l1_bw"], _block_c(ch, TUNING["l1_bc"])
     _launch(_level1_kernel, (bsz * _cdiv(w // 2, bw), _cdiv(ch, bc)), (x, out, level_w, h, w), TUNING["l1_warps"],
-            C=ch, K=k, BW=bw, BC=bc, FLIP=flip, COMPUTE=_compute_dtype(x.dtype))
+            C=ch, K=k, BW=bw, BC=bc, FLIP=flip, COMPUTE=_compute_dtype(x.dtype), UNROLL=bool(TUNING["l1_unroll"]))
     _conv_launch(x, out, out, base_w, base_w if base_b is None else base_b, h, w, bsz, ch, k, 0, 1, True,
                  base_b is not None, flip, syn1=2, acc2=acc2)
 
