@@ -67,7 +67,8 @@ def _case(name: str, ch: int, dtype: str):
         syn1 = name.endswith("syn1")
         const = dict(CC=cc, K=5, LEVELS=levels, BW=tun["conv_bw"], BC=tk.conv_block_c(cc, levels), STRIDE=1,
                      HAS_ACC=not levels, HAS_BIAS=name.startswith("conv_base"), FLIP=name.startswith("dx"), COMPUTE=fp,
-                     SYN1=syn1, HAS_ACC2=syn1, SYN_AHEAD=tun["syn1_ahead"] if syn1 else 0)
+                     SYN1=syn1, HAS_ACC2=syn1, SYN_AHEAD=tun["syn1_ahead"] if syn1 else 0,
+                     UNROLL=bool(tun["conv_unroll"]))
         return tk._conv_kernel, sig, const, tun["conv_warps"]
     if name == "wgrad_pair":  # the default backward's one weight-gradient launch: base and every level
         sig = dict(x_ptr=x, g_ptr=x, bpart_ptr=f32, cx_ptr=x, cg_ptr=x, lpart_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32,

@@ -2,7 +2,7 @@
 # The kernels' GPU checks, A/Bs and benchmarks (issue 14 on), step by step in device calls of at most 10 minutes.
 #   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [layer] [profile] [compiled] [pmodel]
 #                          [graphs] [host] [launch] [pair] [pgrad] [eager] [warm] [parity] [patch] [cmodel]
-#                          [sizes] [dense] [trainbench] [cold] [ahead] [level1] [planmode] [bits]
+#                          [sizes] [dense] [trainbench] [cold] [ahead] [level1] [planmode] [bits] [unroll]
 # TCACHE=DIR: Triton's compiled kernels and Inductor's cache are unpacked from DIR first and packed into OUTDIR last
 # (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles. The parts (binaries only,
 # 15 MiB each) must come back as files of their own: with $OUT set (the device machine) they are copied there, beside
@@ -90,6 +90,20 @@ if [[ "$what" == *level1* ]]; then
     --out "$out/level1_layer.json"
   step 150 level1_test.txt "$py" -m pytest -q -rs tests/gpu/test_gpu.py -k level1_on_load
 fi
+if [[ "$what" == *unroll* ]]; then
+  # Session 49's row loops in unrolled blocks of K (TUNING l1_unroll, conv_unroll; sm_90 SASS, bf16: level 1 on
+  # load 454 -> 418 instructions a row at 185 -> 225 registers, the convolutions 8-14 % fewer at 150-184 registers
+  # from 128-168), each against the default and cuDNN, bf16 B=128, at UNROLL_SHAPES (default every stage), one
+  # process; then their bitwise tests.
+  uvars="${UNROLL_VARIANTS:-l1_unroll=1 conv_unroll=1 l1_unroll=1,conv_unroll=1}"
+  ushapes="${UNROLL_SHAPES:-0 1 2 3}"
+  step 200 unroll_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 --stages $ushapes \
+    --modes train --variants $uvars
+  step 240 unroll_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $ushapes \
+    --variants $uvars --impls wtconv_triton_cl $(printf 'wtconv_triton_cl+%s ' $uvars) dw7_cl \
+    --out "$out/unroll_layer.json"
+  step 150 unroll_test.txt "$py" -m pytest -q -rs --tb=short tests/test_ops_triton.py -k unrolled_rows
+fi
 if [[ "$what" == *planmode* ]]; then
   # Graph mode (launch_plan.GRAPHS, opt-in; issue 15): its GPU test (the form of session 30's small-map failure is
   # fixed, never GPU-run), then the host-bound layer rows at 14^2 / 7^2 without and with it, each process against
@@ -105,16 +119,18 @@ if [[ "$what" == *planmode* ]]; then
 fi
 if [[ "$what" == *abrows* ]]; then  # today's FMA kernels against an earlier copy ($AB_BASELINE, e.g. of 123b293)
   if [[ -f "${AB_BASELINE:-}" ]]; then
-    step 150 ab_rows.txt "$py" benchmarks/ab_kernels.py --baseline "$AB_BASELINE" --dtypes bf16 fp32 \
-      --out "$out/ab_rows.json"
+    # AB_SHAPES / AB_DTYPES: bench_layer's shape indices (default all) and dtypes (default bf16 fp32).
+    step 150 ab_rows.txt "$py" benchmarks/ab_kernels.py --baseline "$AB_BASELINE" --dtypes ${AB_DTYPES:-bf16 fp32} \
+      ${AB_SHAPES:+--shapes $AB_SHAPES} --out "$out/ab_rows.json"
   else
     echo "abrows: set AB_BASELINE to a copy of an earlier wtconvnext/ops/triton_kernels.py" | tee "$out/ab_rows.txt"
   fi
 fi
-if [[ "$what" == *abtune* ]]; then  # the FMA kernels' loop variants, each against today's defaults
-  for t in syn1=0 wgrad_unroll=0; do
+if [[ "$what" == *abtune* ]]; then  # the FMA kernels' loop variants (AB_TUNES), each against today's defaults
+  for t in ${AB_TUNES:-syn1=0 wgrad_unroll=0}; do
     tag=$(echo "$t" | tr ' =' '_-')
-    step 120 "ab_$tag.txt" "$py" benchmarks/ab_kernels.py --tuning $t --dtypes bf16 --out "$out/ab_$tag.json"
+    step 120 "ab_$tag.txt" "$py" benchmarks/ab_kernels.py --tuning $t --dtypes bf16 ${AB_SHAPES:+--shapes $AB_SHAPES} \
+      --out "$out/ab_$tag.json"
   done
 fi
 if [[ "$what" == *absmall* ]]; then

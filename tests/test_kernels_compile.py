@@ -106,9 +106,13 @@ def _onload_cases():
                 B=i32)
     yield tk._conv_kernel, conv, dict(CC=384, K=5, LEVELS=4, BW=4, BC=64, STRIDE=1, HAS_ACC=False, HAS_BIAS=False,
                                       FLIP=False, COMPUTE=fp, SYN1=False, HAS_ACC2=False, SYN_AHEAD=0, LV0=1)
-    for acc2, bias in ((True, True), (False, False)):
+    for acc2, bias, unroll in ((True, True, False), (False, False, False), (True, False, True)):
         yield tk._conv_kernel, conv, dict(CC=96, K=5, LEVELS=0, BW=4, BC=64, STRIDE=1, HAS_ACC=True, HAS_BIAS=bias,
-                                          FLIP=not bias, COMPUTE=fp, SYN1=2, HAS_ACC2=acc2, SYN_AHEAD=1, LV0=0)
+                                          FLIP=not bias, COMPUTE=fp, SYN1=2, HAS_ACC2=acc2, SYN_AHEAD=1, LV0=0,
+                                          UNROLL=unroll)
+    # (TUNING conv_unroll: the levels' convolution with its middle rows in unrolled blocks of K.)
+    yield tk._conv_kernel, conv, dict(CC=384, K=5, LEVELS=4, BW=4, BC=64, STRIDE=1, HAS_ACC=False, HAS_BIAS=False,
+                                      FLIP=True, COMPUTE=fp, SYN1=False, HAS_ACC2=False, SYN_AHEAD=0, LV0=1, UNROLL=True)
     wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     yield tk._wgrad_kernel, wg, dict(CC=384, K=3, TP=16, LEVELS=4, BW=7, BC=64, DSUM=False, COMPUTE=fp,
                                      UNROLL=False, SKIP1=True)

@@ -398,6 +398,40 @@ def test_launch_shapes_do_not_change_results(tuning, monkeypatch):
         assert _max_rel(o, r) <= 1e-10, name
 
 
+@pytest.mark.parametrize("shape", [
+    (2, 3, 17, 6, 3, 3, 1, True),  # 16 middle rows: five blocks of K = 3 and one row; levels of 9, 5 and 3 rows
+    (1, 2, 12, 10, 5, 2, 2, False),  # strided; the levels' middle rows fewer than K (no block)
+    (1, 2, 20, 8, 7, 1, 1, True),  # even: level 1 on load, the in-place base convolution (syn1 2)
+], ids=["K3L3", "K5L2s2", "K7L1-onload"])
+def test_conv_unrolled_rows_change_no_bit(shape, monkeypatch):
+    """TUNING conv_unroll: the convolutions' middle rows in unrolled blocks of K give the output and every gradient
+    bit for bit as the rolled loop (fp32: no float64 headroom to hide a changed sum), and the launches say which
+    ran."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    b, c, h, w, k, levels, stride, bias = shape
+    params = _params(c, k, levels, bias, torch.float32)
+    x = torch.randn(b, c, h, w, generator=torch.Generator().manual_seed(13)).to(DEVICE)
+    x = x.contiguous(memory_format=torch.channels_last)
+    unrolled = set()
+    launch = tk._launch
+
+    def spy(fn, grid, args, warps, **consts):
+        if fn.__name__ == "_conv_kernel" and tk._COLLECT.launches is None:
+            unrolled.add(consts["UNROLL"])
+        return launch(fn, grid, args, warps, **consts)
+
+    monkeypatch.setattr(tk, "_launch", spy)
+    got = []
+    for unroll in (0, 1):
+        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, "conv_unroll": unroll})
+        unrolled.clear()
+        got.append(_run(x, params, stride, "triton")[0])
+        assert unrolled == {bool(unroll)}, unrolled
+    for name, a, e in zip([n for n in NAMES if bias or n != "dbias"], *got):
+        assert torch.equal(a, e), (name, _bits_differ(a, e))
+
+
 @pytest.mark.parametrize("small_max", [0, 16], ids=["multi-launch", "one-launch"])
 def test_syn1_ahead_changes_no_bit(small_max, monkeypatch):
     """TUNING syn1_ahead (the base convolution's level-1 values loaded a row ahead, so the first and last rows'

@@ -121,7 +121,7 @@ def _conv_kernel(
     CC: tl.constexpr, K: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
     STRIDE: tl.constexpr, HAS_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, FLIP: tl.constexpr,
     COMPUTE: tl.constexpr, SYN1: tl.constexpr, HAS_ACC2: tl.constexpr, SYN_AHEAD: tl.constexpr,
-    LV0: tl.constexpr = 0,
+    LV0: tl.constexpr = 0, UNROLL: tl.constexpr = False,
 ):
     """Depthwise K x K convolution, 'same' zero padding: of one map (LEVELS = 0), or of every level's subbands in
     one launch (LEVELS = L: the program finds its level). FLIP rotates the kernel by 180 degrees. SYN1 (with
@@ -177,7 +177,7 @@ def _conv_kernel(
         a2p = ab
         rs1 = rs
     _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
-                CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, SYN_AHEAD)
+                CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, SYN_AHEAD, UNROLL)
 
 
 @triton.jit
@@ -300,10 +300,11 @@ def _column_masks(cmask, n0, w, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.co
 def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
                 CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.constexpr, HAS_ACC: tl.constexpr,
                 HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr,
-                HAS_ACC2: tl.constexpr, SYN_AHEAD: tl.constexpr):
+                HAS_ACC2: tl.constexpr, SYN_AHEAD: tl.constexpr, UNROLL: tl.constexpr = False):
     """One strip of BW output columns from column n0 of an (h, w) map, walked down every row: ``xb`` / ``ab`` point
     at row 0, column n0 of the input / the added map (row stride ``rs``), ``yb`` at the output's row 0, column 0
-    (row stride ``ors``); the channel vectors take the shape of ``cmask``."""
+    (row stride ``ors``); the channel vectors take the shape of ``cmask``. UNROLL: the middle rows in unrolled
+    blocks of K (TUNING conv_unroll)."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
     inm, outm = _column_masks(cmask, n0, w, K, BW, STRIDE)
@@ -328,7 +329,17 @@ def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
         acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
                              t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
                              HAS_ACC2, True, False, SYN_AHEAD)
-    for r in range(PAD, mid):
+    lo = PAD
+    if UNROLL:
+        # The middle rows in unrolled blocks of K first: the rolling accumulators rotate back to where they
+        # started, so the loop carries them (and the row loaded ahead) without register moves.
+        lo = PAD + (mid - PAD) // K * K
+        for r0 in range(PAD, lo, K):
+            for u in tl.static_range(K):
+                acc, nxt = _conv_row(acc, nxt, r0 + u, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
+                                     t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
+                                     HAS_ACC2, False, False, SYN_AHEAD)
+    for r in range(lo, mid):
         acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
                              t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
                              HAS_ACC2, False, False, SYN_AHEAD)
@@ -1131,9 +1142,13 @@ TUNING: dict[str, int] = {
     # sm_90, bf16: 418 against 454 instructions a row, 225 registers against 185, 9.2 s to compile against 3).
     # Not timed yet.
     "l1_unroll": 0,
+    # conv_unroll = 1: _conv_kernel's middle rows in unrolled blocks of K (no register moves for the rolling
+    # accumulators and the row loaded ahead). Not timed yet.
+    "conv_unroll": 0,
 }
 # 0 .. the value, not sizes
-_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "l1_unroll": 1}
+_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "l1_unroll": 1,
+              "conv_unroll": 1}
 _ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc")  # 0 turns the path off (conv_base_bc: the rule)
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
               "l1_bc")
@@ -1717,7 +1732,7 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
         (x, acc, x if acc2 is None else acc2, y, wts, bias, acc2_off, h, w, bsz), TUNING["conv_warps"],
         CC=cc, K=k, LEVELS=levels, BW=bw, BC=bc, STRIDE=stride, HAS_ACC=has_acc, HAS_BIAS=has_bias, FLIP=flip,
         COMPUTE=_compute_dtype(x.dtype), SYN1=int(syn1), HAS_ACC2=acc2 is not None,
-        SYN_AHEAD=TUNING["syn1_ahead"] if syn1 else 0, LV0=lv0,
+        SYN_AHEAD=TUNING["syn1_ahead"] if syn1 else 0, LV0=lv0, UNROLL=bool(TUNING["conv_unroll"]),
     )
 
 
