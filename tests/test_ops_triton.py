@@ -846,34 +846,39 @@ def test_level1_on_load_matches_reference(shape, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype, shape", [
-    (torch.float32, ONLOAD_SHAPES[0]),  # h1 + PAD = 7 rows: two blocks of K = 3 and one of a single row
-    (torch.bfloat16, ONLOAD_SHAPES[3]),  # h1 = 2 level-1 rows under PAD = 3: the first block's tests skip both
+    (torch.float32, (2, 4, 12, 14, 3, 2, 1, True)),  # h1 + PAD = 7 rows: blocks of K = 3, the last partial
+    (torch.bfloat16, (1, 4, 8, 20, 7, 2, 1, True)),  # h1 = 4 level-1 rows, PAD = 3: one block of 7
 ], ids=["fp32-K3", "bf16-K7"])
 def test_level1_unrolled_rows_change_no_bit(dtype, shape, monkeypatch):
-    """TUNING l1_unroll: _level1_kernel's rows in unrolled blocks of K (the last block partial) give the output and
-    every gradient bit for bit as the rolled loop, and the launches say which ran."""
+    """TUNING l1_unroll (_level1_kernel's rows in unrolled blocks of K) and l1_inner (strips away from the map's
+    sides without masks; C a multiple of the channel block, so the path is taken) give the output and every
+    gradient bit for bit as the rolled, masked loop, and the launches say which ran."""
     from wtconvnext.ops import triton_kernels as tk
 
     b, c, h, w, k, levels, stride, bias = shape
     params = [p.to(dtype) if p is not None else None for p in _params(c, k, levels, bias, torch.float64)]
     x = torch.randn(b, c, h, w, generator=torch.Generator().manual_seed(11)).to(DEVICE, dtype)
     x = x.contiguous(memory_format=torch.channels_last)
-    unrolled = []
+    assert c % tk._block_c(c, tk.TUNING["l1_bc"]) == 0
+    seen = []
     launch = tk._launch
 
     def spy(fn, grid, args, warps, **consts):
         if fn.__name__ == "_level1_kernel" and tk._COLLECT.launches is None:
-            unrolled.append(consts["UNROLL"])
+            seen.append((consts["UNROLL"], consts["INNER"]))
         return launch(fn, grid, args, warps, **consts)
 
     monkeypatch.setattr(tk, "_launch", spy)
     got = []
-    for unroll in (0, 1):
-        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, "l1_onload": 1, "l1_unroll": unroll})
+    variants = [(0, 0), (1, 0), (0, 1), (1, 1)]
+    for unroll, inner in variants:
+        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, "l1_onload": 1, "l1_unroll": unroll,
+                                           "l1_inner": inner})
         got.append(_run(x, params, stride, "triton")[0])
-    assert unrolled == [False, False, True, True], unrolled  # forward and input gradient, each setting
-    for name, a, e in zip([n for n in NAMES if bias or n != "dbias"], *got):
-        assert torch.equal(a, e), (name, _bits_differ(a, e))
+    assert seen == [(bool(u), bool(n)) for u, n in variants for _ in range(2)], seen  # forward, input gradient
+    for v, other in zip(variants[1:], got[1:]):
+        for name, a, e in zip([n for n in NAMES if bias or n != "dbias"], got[0], other):
+            assert torch.equal(a, e), (v, name, _bits_differ(a, e))
 
 
 @pytest.mark.parametrize("dtype, shape, imgs, narrow", [

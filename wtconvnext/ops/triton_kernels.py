@@ -187,7 +187,7 @@ def _level1_kernel(
     w_ptr,  # (L, K, K, 4, C): the folded level kernels (taps-major, then subband); level 1's are used
     H, W,
     C: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, FLIP: tl.constexpr,
-    COMPUTE: tl.constexpr, UNROLL: tl.constexpr = False,
+    COMPUTE: tl.constexpr, UNROLL: tl.constexpr = False, INNER: tl.constexpr = False,
 ):
     """Level 1's K x K convolutions with its subbands made as the input rows load, no coefficient buffer: a
     program walks down BW of level 1's columns, loads the two full-resolution rows under each level-1 row, makes
@@ -228,20 +228,39 @@ def _level1_kernel(
     acc = ()
     for _ in tl.static_range(4 * K * BW):  # subband-major, then row slot, then column
         acc = acc + (tl.zeros((BC,), dtype=COMPUTE),)
+    if INNER and (C % BC == 0):
+        # Strips whose input columns all lie in the map (most of them) load and store without masks: a masked load
+        # with other=0 first zeroes its register (sm_90: 24 PRMT a row).
+        if (j0 >= PAD) & (j0 + BW + PAD <= w1):
+            _level1_rows(acc, h1, xb, yb, rs, wts, inm, outm, ty, C, K, BW, FLIP, COMPUTE, HALF, UNROLL, False)
+        else:
+            _level1_rows(acc, h1, xb, yb, rs, wts, inm, outm, ty, C, K, BW, FLIP, COMPUTE, HALF, UNROLL, True)
+    else:
+        _level1_rows(acc, h1, xb, yb, rs, wts, inm, outm, ty, C, K, BW, FLIP, COMPUTE, HALF, UNROLL, True)
+
+
+@triton.jit
+def _level1_rows(acc, h1, xb, yb, rs, wts, inm, outm, ty: tl.constexpr, C: tl.constexpr, K: tl.constexpr,
+                 BW: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, HALF: tl.constexpr,
+                 UNROLL: tl.constexpr, MASKED: tl.constexpr):
+    """_level1_kernel's walk down the rows (MASKED: loads and stores under the column masks)."""
+    PAD: tl.constexpr = K // 2
     if UNROLL:
         # Rows in unrolled blocks of K: the rolling accumulators rotate back to where they started, so the loop
         # carries them without register moves (sm_90: 34 MOVs a row rolled, 7 unrolled; 225 registers, not 185).
         for r0 in range(0, h1 + PAD, K):
             for u in tl.static_range(K):
-                acc = _level1_row(acc, r0 + u, h1, xb, yb, rs, wts, inm, outm, ty, C, K, BW, FLIP, COMPUTE, HALF)
+                acc = _level1_row(acc, r0 + u, h1, xb, yb, rs, wts, inm, outm, ty, C, K, BW, FLIP, COMPUTE, HALF,
+                                  MASKED)
     else:
         for r in range(0, h1 + PAD):
-            acc = _level1_row(acc, r, h1, xb, yb, rs, wts, inm, outm, ty, C, K, BW, FLIP, COMPUTE, HALF)
+            acc = _level1_row(acc, r, h1, xb, yb, rs, wts, inm, outm, ty, C, K, BW, FLIP, COMPUTE, HALF, MASKED)
 
 
 @triton.jit
 def _level1_row(acc, r, h1, xb, yb, rs, wts, inm, outm, ty: tl.constexpr, C: tl.constexpr, K: tl.constexpr,
-                BW: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, HALF: tl.constexpr):
+                BW: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, HALF: tl.constexpr,
+                MASKED: tl.constexpr):
     """_level1_kernel's step r: level-1 row r's subbands into the accumulators (r < h1), output row r - PAD stored
     (when it is one), the accumulators one row on."""
     PAD: tl.constexpr = K // 2
@@ -250,10 +269,16 @@ def _level1_row(acc, r, h1, xb, yb, rs, wts, inm, outm, ty: tl.constexpr, C: tl.
         top = xb + (2 * r) * rs
         bot = top + rs
         for i in tl.static_range(BW + K - 1):
-            a = tl.load(top + (2 * i) * C, mask=inm[i], other=0.0).to(COMPUTE)
-            bb = tl.load(top + (2 * i + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
-            c = tl.load(bot + (2 * i) * C, mask=inm[i], other=0.0).to(COMPUTE)
-            d = tl.load(bot + (2 * i + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
+            if MASKED:
+                a = tl.load(top + (2 * i) * C, mask=inm[i], other=0.0).to(COMPUTE)
+                bb = tl.load(top + (2 * i + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
+                c = tl.load(bot + (2 * i) * C, mask=inm[i], other=0.0).to(COMPUTE)
+                d = tl.load(bot + (2 * i + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
+            else:
+                a = tl.load(top + (2 * i) * C).to(COMPUTE)
+                bb = tl.load(top + (2 * i + 1) * C).to(COMPUTE)
+                c = tl.load(bot + (2 * i) * C).to(COMPUTE)
+                d = tl.load(bot + (2 * i + 1) * C).to(COMPUTE)
             v = _haar(a, bb, c, d, ty, COMPUTE, HALF)  # as _analysis_level stores them (or twice that)
             for s in tl.static_range(4):
                 acc = _tap_fmas(acc, v[s], wts, i, K, BW, FLIP, 4, s)
@@ -266,7 +291,10 @@ def _level1_row(acc, r, h1, xb, yb, rs, wts, inm, outm, ty: tl.constexpr, C: tl.
                     p = ytop + (2 * q + s % 2) * C
                 else:
                     p = ybot + (2 * q + s % 2) * C
-                tl.store(p, acc[(s * K) * BW + q].to(yb.dtype.element_ty), mask=outm[q])
+                if MASKED:
+                    tl.store(p, acc[(s * K) * BW + q].to(yb.dtype.element_ty), mask=outm[q])
+                else:
+                    tl.store(p, acc[(s * K) * BW + q].to(yb.dtype.element_ty))
     return _rotate_rows(acc, K, BW, 4)
 
 
@@ -1145,10 +1173,14 @@ TUNING: dict[str, int] = {
     # conv_unroll = 1: _conv_kernel's middle rows in unrolled blocks of K (no register moves for the rolling
     # accumulators and the row loaded ahead). Not timed yet.
     "conv_unroll": 0,
+    # l1_inner = 1: _level1_kernel's strips away from the map's sides load and store without masks (a second copy
+    # of its row loop; sm_90 bf16: 432 instructions a row at 190 registers against 454 at 185, with l1_unroll 389
+    # at 221, 43 s to compile from an empty cache on this CPU against 9). Not timed yet.
+    "l1_inner": 0,
 }
 # 0 .. the value, not sizes
 _MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "l1_unroll": 1,
-              "conv_unroll": 1}
+              "conv_unroll": 1, "l1_inner": 1}
 _ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc")  # 0 turns the path off (conv_base_bc: the rule)
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
               "l1_bc")
@@ -1654,7 +1686,8 @@ def _onload_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor
         acc2 = coef
     bw, bc = TUNING["l1_bw"], _block_c(ch, TUNING["l1_bc"])
     _launch(_level1_kernel, (bsz * _cdiv(w // 2, bw), _cdiv(ch, bc)), (x, out, level_w, h, w), TUNING["l1_warps"],
-            C=ch, K=k, BW=bw, BC=bc, FLIP=flip, COMPUTE=_compute_dtype(x.dtype), UNROLL=bool(TUNING["l1_unroll"]))
+            C=ch, K=k, BW=bw, BC=bc, FLIP=flip, COMPUTE=_compute_dtype(x.dtype), UNROLL=bool(TUNING["l1_unroll"]),
+            INNER=bool(TUNING["l1_inner"]))
     _conv_launch(x, out, out, base_w, base_w if base_b is None else base_b, h, w, bsz, ch, k, 0, 1, True,
                  base_b is not None, flip, syn1=2, acc2=acc2)
 
