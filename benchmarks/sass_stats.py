@@ -74,15 +74,16 @@ def _case(name: str, ch: int, dtype: str):
         sig = dict(x_ptr=x, g_ptr=x, bpart_ptr=f32, cx_ptr=x, cg_ptr=x, lpart_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32,
                    G0=i32, GT=i32, R0=i32)
         const = dict(C=ch, K=5, TP=32, LEVELS=4, BW=tun["wgrad_bw"], BC0=tk._block_c(ch, tun["wgrad_bc"]),
-                     BC=tk._block_c(4 * ch, tun["wgrad_bc"]), COMPUTE=fp, UNROLL=bool(tun["wgrad_unroll"]))
+                     BC=tk._block_c(4 * ch, tun["wgrad_bc"]), COMPUTE=fp, UNROLL=bool(tun["wgrad_unroll"]),
+                     INNER=bool(tun["wgrad_inner"]))
         return tk._wgrad_pair_kernel, sig, const, tun["wgrad_warps"]
     sig = dict(x_ptr=x, g_ptr=x, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     if name == "wgrad_level1":  # level 1's walk over its subbands staged through dx's buffer (level1_partials)
         const = dict(CC=4 * ch, K=5, TP=32, LEVELS=1, BW=tun["wgrad_bw"], BC=tk._block_c(4 * ch, tun["wgrad_bc"]),
-                     DSUM=False, COMPUTE=fp, UNROLL=bool(tun["wgrad_unroll"]))
+                     DSUM=False, COMPUTE=fp, UNROLL=bool(tun["wgrad_unroll"]), INNER=bool(tun["wgrad_inner"]))
         return tk._wgrad_kernel, sig, const, tun["wgrad_warps"]
     const = dict(CC=cc, K=5, TP=32, LEVELS=levels, BW=tun["wgrad_bw"], BC=tk._block_c(cc, tun["wgrad_bc"]),
-                 DSUM=not levels, COMPUTE=fp, UNROLL=name.endswith("unroll"))
+                 DSUM=not levels, COMPUTE=fp, UNROLL=name.endswith("unroll"), INNER=bool(tun["wgrad_inner"]))
     return tk._wgrad_kernel, sig, const, tun["wgrad_warps"]
 
 

@@ -91,19 +91,20 @@ if [[ "$what" == *level1* ]]; then
   step 150 level1_test.txt "$py" -m pytest -q -rs tests/gpu/test_gpu.py -k level1_on_load
 fi
 if [[ "$what" == *unroll* ]]; then
-  # Session 49's row loops in unrolled blocks of K (TUNING l1_unroll, conv_unroll) and level 1's inner strips
-  # without masks (l1_inner); sm_90 SASS, bf16, instructions a row: level 1 on load 454 (185 registers) -> 418
-  # unrolled (225), 432 inner (190), 389 both (221; 43 s to compile here); the convolutions 8-14 % fewer unrolled
-  # at 150-184 registers from 128-168. Each against the default and cuDNN, bf16 B=128, at UNROLL_SHAPES (default
-  # every stage), one process; then their bitwise tests.
-  uvars="${UNROLL_VARIANTS:-l1_unroll=1 l1_inner=1 conv_unroll=1 l1_unroll=1,l1_inner=1,conv_unroll=1}"
-  ushapes="${UNROLL_SHAPES:-0 1 2 3}"
+  # Session 49's loop variants, all off by default (sm_90 SASS, bf16, instructions a row; benchmarks/sass_stats.py):
+  # level 1 on load 454 (185 registers) -> 418 with l1_unroll (225), 432 with l1_inner (190), 389 with both (221);
+  # the convolutions 8-14 % fewer with conv_unroll (150-184 registers from 128-168); the weight-gradient walks
+  # 11-19 % fewer with wgrad_inner (level 1's walk 228 registers from 168; the pair 84 s to compile from 29).
+  # Each against the default and cuDNN, bf16 B=128, at UNROLL_SHAPES (default 56^2 and 28^2: the smaller maps run
+  # the one-launch pass, which none of these touch), one process; then their bitwise tests.
+  uvars="${UNROLL_VARIANTS:-l1_unroll=1 l1_inner=1 conv_unroll=1 wgrad_inner=1 l1_unroll=1,l1_inner=1,conv_unroll=1,wgrad_inner=1}"
+  ushapes="${UNROLL_SHAPES:-0 1}"
   step 240 unroll_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 --stages $ushapes \
     --modes train --variants $uvars
   step 300 unroll_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $ushapes \
     --variants $uvars --impls wtconv_triton_cl $(printf 'wtconv_triton_cl+%s ' $uvars) dw7_cl \
     --out "$out/unroll_layer.json"
-  step 150 unroll_test.txt "$py" -m pytest -q -rs --tb=short tests/test_ops_triton.py -k unrolled_rows
+  step 150 unroll_test.txt "$py" -m pytest -q -rs --tb=short tests/test_ops_triton.py -k "unrolled_rows or wgrad_inner"
 fi
 if [[ "$what" == *planmode* ]]; then
   # Graph mode (launch_plan.GRAPHS, opt-in; issue 15): its GPU test (the form of session 30's small-map failure is

@@ -63,10 +63,11 @@ def _cases():
         yield tk._conv_kernel, dict(x_ptr=bf16, acc_ptr=bf16, acc2_ptr=bf16, y_ptr=bf16, w_ptr=f32, b_ptr=f32), \
             dict(acc2_off=1, H=1, W=1, B=1, CC=96, K=5, LEVELS=levels, BW=4, BC=32, STRIDE=1, HAS_ACC=True,
                  HAS_BIAS=True, FLIP=False, COMPUTE=fp, SYN1=levels == 0, HAS_ACC2=levels == 0, SYN_AHEAD=1)
-        # The base's walk, and level 1's of stored subbands (level1_partials, staged): both unrolled.
+        # The base's walk, and level 1's of stored subbands (level1_partials, staged): both unrolled, level 1's with
+        # its inner strips unmasked (TUNING wgrad_inner).
         yield tk._wgrad_kernel, dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32), \
             dict(H=1, W=1, B=1, IMGS=1, G0=1, GT=1, CC=96, K=5, TP=32, LEVELS=min(levels, 1), BW=7, BC=32,
-                 DSUM=levels == 0, COMPUTE=fp, UNROLL=True)
+                 DSUM=levels == 0, COMPUTE=fp, UNROLL=True, INNER=levels > 0)
     yield from _onload_cases()
     params = dict(w_ptr=f32, b_ptr=f32, bs_ptr=f32, ww_ptr=f32, ws_ptr=f32)
     grads = dict(dw_ptr=f32, db_ptr=f32, dbs_ptr=f32, dww_ptr=f32, dws_ptr=f32)

@@ -573,7 +573,7 @@ def _wgrad_kernel(
     G0, GT,  # the image groups of this launch start at group G0 of a batch of GT groups (the partial rows' layout)
     CC: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
     BC: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr,
-    SKIP1: tl.constexpr = False,
+    SKIP1: tl.constexpr = False, INNER: tl.constexpr = False,
 ):
     """d w[ky, kx] = sum over positions of dy(o, n) * x(o + ky - PAD, n + kx - PAD): a program walks the x rows
     of IMGS images for BW columns, keeping the K dy rows an x row pairs with; of one map (LEVELS = 0), or of every
@@ -582,7 +582,7 @@ def _wgrad_kernel(
     group, then strip), so the partials and their fixed-order sum do not depend on the chunking. SKIP1: the
     coefficient buffers and the partial rows hold levels 2..L only (the launch runs their programs)."""
     _wgrad_program(tl.program_id(0), tl.program_id(1), x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC, K, TP,
-                   LEVELS, BW, BC, DSUM, COMPUTE, UNROLL, SKIP1)
+                   LEVELS, BW, BC, DSUM, COMPUTE, UNROLL, SKIP1, INNER)
 
 
 @triton.jit
@@ -595,7 +595,7 @@ def _wgrad_pair_kernel(
     R0,  # programs of the base (axis 0); the levels' follow
     C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
     BC0: tl.constexpr, BC: tl.constexpr,  # channels per program of the base and of the levels
-    COMPUTE: tl.constexpr, UNROLL: tl.constexpr, SKIP1: tl.constexpr = False,
+    COMPUTE: tl.constexpr, UNROLL: tl.constexpr, SKIP1: tl.constexpr = False, INNER: tl.constexpr = False,
 ):
     """_wgrad_kernel's two launches (the base map, every level's subbands) as one: a launch less per backward.
     Axis 1 runs over the levels' 4C / BC channel blocks; the base's programs past its C / BC0 blocks do nothing.
@@ -607,11 +607,11 @@ def _wgrad_pair_kernel(
     if pid < R0:
         if cb < NB0:
             _wgrad_program(pid, cb, x_ptr, g_ptr, bpart_ptr, H, W, B, IMGS, G0, GT, C, K, TP, 0, BW, BC0, True,
-                           COMPUTE, UNROLL, False)
+                           COMPUTE, UNROLL, False, INNER)
     else:
         if cb < NB:
             _wgrad_program(pid - R0, cb, cx_ptr, cg_ptr, lpart_ptr, H, W, B, IMGS, G0, GT, 4 * C, K, TP, LEVELS,
-                           BW, BC, False, COMPUTE, UNROLL, SKIP1)
+                           BW, BC, False, COMPUTE, UNROLL, SKIP1, INNER)
 
 
 # noinline: the paired kernel's two walks stay separate functions, and Triton's TritonGPUCoalesce pass, quadratic
@@ -619,7 +619,7 @@ def _wgrad_pair_kernel(
 @triton.jit(noinline=True)
 def _wgrad_program(pid, cb, x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC: tl.constexpr, K: tl.constexpr,
                    TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, DSUM: tl.constexpr,
-                   COMPUTE: tl.constexpr, UNROLL: tl.constexpr, SKIP1: tl.constexpr):
+                   COMPUTE: tl.constexpr, UNROLL: tl.constexpr, SKIP1: tl.constexpr, INNER: tl.constexpr = False):
     """Program ``pid`` (of its map or maps) and channel block ``cb`` of _wgrad_kernel."""
     if LEVELS > 0:
         lv, h, w, st, off = _level_of(pid, H, W, B, IMGS, BW, LEVELS, CC, SKIP1)
@@ -638,14 +638,17 @@ def _wgrad_program(pid, cb, x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC: t
     row = first + G0 * strips + local
     cc = cb * BC + tl.arange(0, BC)
     _wgrad_strip(xb0, gb0, part_ptr + row.to(tl.int64) * TP * CC + cc, h, w, (local % strips) * BW,
-                 local // strips, B, IMGS, cc, cc < CC, CC, K, BW, DSUM, COMPUTE, UNROLL)
+                 local // strips, B, IMGS, cc, cc < CC, CC, K, BW, DSUM, COMPUTE, UNROLL, INNER and (CC % BC == 0))
 
 
 @triton.jit
 def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.constexpr, K: tl.constexpr,
-                 BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr):
+                 BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr,
+                 INNER: tl.constexpr = False):
     """One partial row of _wgrad_kernel: BW columns from n0 of images grp * IMGS .. of an (h, w) map whose image 0
-    starts at ``xb0`` / ``gb0`` (x, dy; CC channels a pixel), into ``dst`` (the row's tap 0, at channels ``cc``)."""
+    starts at ``xb0`` / ``gb0`` (x, dy; CC channels a pixel), into ``dst`` (the row's tap 0, at channels ``cc``).
+    INNER (with UNROLL; every channel of ``cc`` real): the unrolled rows of a strip inside the map without masks
+    (TUNING wgrad_inner)."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
     inm, gm = _column_masks(cmask, n0, w, K, BW, 1)
@@ -678,10 +681,25 @@ def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.conste
         mid = 0
         if UNROLL:
             mid = tl.maximum(h - 1 - PAD, 0) // K * K
-            for r0 in range(0, mid, K):
-                for u in tl.static_range(K):
-                    acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r0 + u, xb, gb, rs, h, inm, gm, bok,
-                                                        CC, K, BW, DSUM, COMPUTE, False)
+            if INNER:
+                # A strip whose columns all lie in the map, of an image in the batch (most of them), loads without
+                # masks: a masked load with other=0 first zeroes its register, and the masks outnumber the
+                # predicate registers (sm_90: P2R / ISETP / LOP3 to rebuild them).
+                if bok & (n0 >= PAD) & (n0 + BW + PAD <= w):
+                    for r0 in range(0, mid, K):
+                        for u in tl.static_range(K):
+                            acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r0 + u, xb, gb, rs, h, inm,
+                                                                gm, bok, CC, K, BW, DSUM, COMPUTE, False, False)
+                else:
+                    for r0 in range(0, mid, K):
+                        for u in tl.static_range(K):
+                            acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r0 + u, xb, gb, rs, h, inm,
+                                                                gm, bok, CC, K, BW, DSUM, COMPUTE, False)
+            else:
+                for r0 in range(0, mid, K):
+                    for u in tl.static_range(K):
+                        acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r0 + u, xb, gb, rs, h, inm, gm,
+                                                            bok, CC, K, BW, DSUM, COMPUTE, False)
         for r in range(mid, h):
             acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
                                                 CC, K, BW, DSUM, COMPUTE, True)
@@ -694,9 +712,10 @@ def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.conste
 @triton.jit
 def _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
                 CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr,
-                EDGE: tl.constexpr):
+                EDGE: tl.constexpr, MASKED: tl.constexpr = True):
     """x row r of _wgrad_kernel: the next x and dy rows' loads, dy row r + PAD joining the K rows in flight, and
-    x row r's products with each of them. EDGE: the next rows may not exist (the last PAD + 1 rows)."""
+    x row r's products with each of them. EDGE: the next rows may not exist (the last PAD + 1 rows). MASKED =
+    False (not EDGE): every column in the map, every channel and the image real: loads without masks."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
     gc = gn
@@ -707,14 +726,18 @@ def _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
     for q in tl.static_range(BW):
         if EDGE:
             gn = gn + (tl.load(gb + rg * rs + q * CC, mask=gm[q] & bok & (rg < h), other=0.0),)
-        else:
+        elif MASKED:
             gn = gn + (tl.load(gb + rg * rs + q * CC, mask=gm[q] & bok, other=0.0),)
+        else:
+            gn = gn + (tl.load(gb + rg * rs + q * CC),)
     xn = ()
     for i in tl.static_range(NI):
         if EDGE:
             xn = xn + (tl.load(xb + r1 * rs + (i - PAD) * CC, mask=inm[i] & bok & (r1 < h), other=0.0),)
-        else:
+        elif MASKED:
             xn = xn + (tl.load(xb + r1 * rs + (i - PAD) * CC, mask=inm[i] & bok, other=0.0),)
+        else:
+            xn = xn + (tl.load(xb + r1 * rs + (i - PAD) * CC),)
     new = ()
     for s in tl.static_range(BW, K * BW):
         new = new + (dq[s],)
@@ -1177,10 +1200,15 @@ TUNING: dict[str, int] = {
     # of its row loop; sm_90 bf16: 432 instructions a row at 190 registers against 454 at 185, with l1_unroll 389
     # at 221, 43 s to compile from an empty cache on this CPU against 9). Not timed yet.
     "l1_inner": 0,
+    # wgrad_inner = 1 (with wgrad_unroll): the weight-gradient walks' unrolled rows of strips inside the map, of
+    # images in the batch, load without masks (a second copy of that loop). sm_90 bf16, instructions per 5 rows: level
+    # 1's walk 1101 against 1268, the pair's levels 1106 against 1372 and base 1173 against 1325; registers 228
+    # against 168 (level 1's walk); 37 / 84 s to compile on this CPU against 14 / 29. Not timed yet.
+    "wgrad_inner": 0,
 }
 # 0 .. the value, not sizes
 _MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "l1_unroll": 1,
-              "conv_unroll": 1, "l1_inner": 1}
+              "conv_unroll": 1, "l1_inner": 1, "wgrad_inner": 1}
 _ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc")  # 0 turns the path off (conv_base_bc: the rule)
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
               "l1_bc")
@@ -1798,7 +1826,7 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
         raise ValueError(f"images {first}..{first + bsz - 1} of {batch} do not start a group of {imgs}")
     groups = _cdiv(batch, imgs)
     acc = _acc_dtype(x.dtype)
-    unroll = bool(TUNING["wgrad_unroll"])
+    unroll, inner = bool(TUNING["wgrad_unroll"]), bool(TUNING["wgrad_inner"])
     if parts is None:
         base = _plan.empty((groups * _cdiv(w, bw), tp, ch), acc, x.device)
         rows = _level_programs(h, w, levels, bw, groups) - (_level_programs(h, w, 1, bw, groups) if onload else 0)
@@ -1821,11 +1849,12 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
              max(_cdiv(ch, bc), _cdiv(4 * ch, lbc))),
             (x, dy, base, coef_x, coef_dy, lev, h, w, bsz, imgs, *spans, r0), warps,
             C=ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC0=bc, BC=lbc, COMPUTE=compute, UNROLL=unroll, SKIP1=skip > 0,
+            INNER=inner,
         )
         return base, lev
     _launch(
         _wgrad_kernel, (r0, _cdiv(ch, bc)), (x, dy, base, h, w, bsz, imgs, *spans),
-        warps, CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll,
+        warps, CC=ch, K=k, TP=tp, LEVELS=0, BW=bw, BC=bc, DSUM=True, COMPUTE=compute, UNROLL=unroll, INNER=inner,
     )
     if not walk:
         return base, lev
@@ -1833,7 +1862,7 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
         _wgrad_kernel, (_level_programs(h, w, levels, bw, _cdiv(bsz, imgs)) - skip, _cdiv(4 * ch, lbc)),
         (coef_x, coef_dy, lev, h, w, bsz, imgs, *spans), warps,
         CC=4 * ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute, UNROLL=unroll,
-        SKIP1=skip > 0,
+        SKIP1=skip > 0, INNER=inner,
     )
     return base, lev
 
@@ -1869,7 +1898,7 @@ def level1_partials(x: Tensor, dy: Tensor, k: int, scratch: Tensor) -> Tensor:
             _wgrad_kernel, (_level_programs(h, w, 1, bw, _cdiv(nb, imgs)), _cdiv(4 * ch, lbc)),
             (cx, cdy, lev, h, w, nb, imgs, b0 // imgs, groups), warps,
             CC=4 * ch, K=k, TP=tp, LEVELS=1, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute,
-            UNROLL=bool(TUNING["wgrad_unroll"]),
+            UNROLL=bool(TUNING["wgrad_unroll"]), INNER=bool(TUNING["wgrad_inner"]),
         )
     return lev
 
