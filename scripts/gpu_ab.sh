@@ -99,12 +99,12 @@ if [[ "$what" == *unroll* ]]; then
   # the one-launch pass, which none of these touch), one process; then their bitwise tests.
   uvars="${UNROLL_VARIANTS:-l1_unroll=1 l1_inner=1 conv_unroll=1 wgrad_inner=1 l1_unroll=1,l1_inner=1,conv_unroll=1,wgrad_inner=1}"
   ushapes="${UNROLL_SHAPES:-0 1}"
-  step 240 unroll_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 --stages $ushapes \
+  step 200 unroll_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 --stages $ushapes \
     --modes train --variants $uvars
-  step 300 unroll_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $ushapes \
+  step 240 unroll_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $ushapes \
     --variants $uvars --impls wtconv_triton_cl $(printf 'wtconv_triton_cl+%s ' $uvars) dw7_cl \
     --out "$out/unroll_layer.json"
-  step 150 unroll_test.txt "$py" -m pytest -q -rs --tb=short tests/test_ops_triton.py -k "unrolled_rows or wgrad_inner"
+  step 110 unroll_test.txt "$py" -m pytest -q -rs --tb=short tests/test_ops_triton.py -k "unrolled_rows or wgrad_inner"
 fi
 if [[ "$what" == *planmode* ]]; then
   # Graph mode (launch_plan.GRAPHS, opt-in; issue 15): its GPU test (the form of session 30's small-map failure is
