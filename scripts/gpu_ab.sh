@@ -104,7 +104,7 @@ if [[ "$what" == *unroll* ]]; then
   step 240 unroll_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $ushapes \
     --variants $uvars --impls wtconv_triton_cl $(printf 'wtconv_triton_cl+%s ' $uvars) dw7_cl \
     --out "$out/unroll_layer.json"
-  step 110 unroll_test.txt "$py" -m pytest -q -rs --tb=short tests/test_ops_triton.py -k "unrolled_rows or wgrad_inner"
+  step 110 unroll_test.txt "$py" -m pytest -q -rs --tb=short tests/test_ops_triton.py -k "unrolled_rows or loop_variants"
 fi
 if [[ "$what" == *planmode* ]]; then
   # Graph mode (launch_plan.GRAPHS, opt-in; issue 15): its GPU test (the form of session 30's small-map failure is

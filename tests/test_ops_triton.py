@@ -398,68 +398,38 @@ def test_launch_shapes_do_not_change_results(tuning, monkeypatch):
         assert _max_rel(o, r) <= 1e-10, name
 
 
-@pytest.mark.parametrize("shape", [
-    (2, 3, 17, 6, 3, 3, 1, True),  # 16 middle rows: five blocks of K = 3 and one row; levels of 9, 5 and 3 rows
-    (1, 2, 12, 10, 5, 2, 2, False),  # strided; the levels' middle rows fewer than K (no block)
-    (1, 2, 20, 8, 7, 1, 1, True),  # even: level 1 on load, the in-place base convolution (syn1 2)
-], ids=["K3L3", "K5L2s2", "K7L1-onload"])
-def test_conv_unrolled_rows_change_no_bit(shape, monkeypatch):
-    """TUNING conv_unroll: the convolutions' middle rows in unrolled blocks of K give the output and every gradient
-    bit for bit as the rolled loop (fp32: no float64 headroom to hide a changed sum), and the launches say which
-    ran."""
+_WALK = {"wgrad_imgs": 4, "wgrad_unroll": 1}
+
+
+@pytest.mark.parametrize("knob, kernel, key, shape, tuning", [
+    # conv_unroll: the convolutions' middle rows in unrolled blocks of K. 16 middle rows: five blocks of K = 3 and
+    # one row, levels of 9, 5 and 3 rows; strided, the levels' middle rows fewer than K; level 1 on load and the
+    # in-place base convolution.
+    ("conv_unroll", "_conv_kernel", "UNROLL", (2, 3, 17, 6, 3, 3, 1, True), {}),
+    ("conv_unroll", "_conv_kernel", "UNROLL", (1, 2, 12, 10, 5, 2, 2, False), {}),
+    ("conv_unroll", "_conv_kernel", "UNROLL", (1, 2, 20, 8, 7, 1, 1, True), {}),
+    # wgrad_inner: the walks' unrolled rows of strips inside the map (the base, level 1 and level 2 have some), of
+    # images in the batch (3 in groups of 4: the fourth is not), without masks; stored and staged level 1.
+    ("wgrad_inner", "_wgrad", "INNER", (3, 4, 10, 32, 3, 2, 1, True), {**_WALK, "l1_onload": 0}),
+    ("wgrad_inner", "_wgrad", "INNER", (3, 4, 10, 32, 3, 2, 1, True), {**_WALK, "l1_onload": 1}),
+], ids=["conv-K3L3", "conv-K5L2s2", "conv-K7L1-onload", "wgrad-stored-level1", "wgrad-level1-on-load"])
+def test_loop_variants_change_no_bit(knob, kernel, key, shape, tuning, monkeypatch):
+    """A TUNING loop variant of the multi-launch kernels gives the output and every gradient bit for bit as the
+    default loop (fp32: no float64 headroom to hide a changed sum), and the launches say which ran."""
     from wtconvnext.ops import triton_kernels as tk
 
     b, c, h, w, k, levels, stride, bias = shape
     params = _params(c, k, levels, bias, torch.float32)
     x = torch.randn(b, c, h, w, generator=torch.Generator().manual_seed(13)).to(DEVICE)
     x = x.contiguous(memory_format=torch.channels_last)
-    unrolled = set()
-    launch = tk._launch
-
-    def spy(fn, grid, args, warps, **consts):
-        if fn.__name__ == "_conv_kernel" and tk._COLLECT.launches is None:
-            unrolled.add(consts["UNROLL"])
-        return launch(fn, grid, args, warps, **consts)
-
-    monkeypatch.setattr(tk, "_launch", spy)
-    got = []
-    for unroll in (0, 1):
-        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, "conv_unroll": unroll})
-        unrolled.clear()
-        got.append(_run(x, params, stride, "triton")[0])
-        assert unrolled == {bool(unroll)}, unrolled
-    for name, a, e in zip([n for n in NAMES if bias or n != "dbias"], *got):
-        assert torch.equal(a, e), (name, _bits_differ(a, e))
-
-
-@pytest.mark.parametrize("onload", [0, 1], ids=["stored-level1", "level1-on-load"])
-def test_wgrad_inner_strips_change_no_bit(onload, monkeypatch):
-    """TUNING wgrad_inner: the weight-gradient walks' unrolled rows of strips inside the map (of the base, level 1
-    and level 2 here), of images in the batch (3 images in groups of 4: the fourth is not), without masks, give
-    every gradient bit for bit as the masked walk (fp32), on the stored and the staged level-1 paths."""
-    from wtconvnext.ops import triton_kernels as tk
-
-    b, c, h, w, k, levels, stride, bias = 3, 4, 10, 32, 3, 2, 1, True
-    params = _params(c, k, levels, bias, torch.float32)
-    x = torch.randn(b, c, h, w, generator=torch.Generator().manual_seed(17)).to(DEVICE)
-    x = x.contiguous(memory_format=torch.channels_last)
-    inner = set()
-    launch = tk._launch
-
-    def spy(fn, grid, args, warps, **consts):
-        if "wgrad" in fn.__name__ and tk._COLLECT.launches is None:
-            inner.add(consts["INNER"])
-        return launch(fn, grid, args, warps, **consts)
-
-    monkeypatch.setattr(tk, "_launch", spy)
+    seen = _spy_consts(monkeypatch, kernel, key)
     got = []
     for on in (0, 1):
-        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, "l1_onload": onload, "wgrad_imgs": 4,
-                                           "wgrad_unroll": 1, "wgrad_inner": on})
-        inner.clear()
+        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, **tuning, knob: on})
+        seen.clear()
         got.append(_run(x, params, stride, "triton")[0])
-        assert inner == {bool(on)}, inner
-    for name, a, e in zip(NAMES, *got):
+        assert set(seen) == {(bool(on),)}, seen
+    for name, a, e in zip([n for n in NAMES if bias or n != "dbias"], *got):
         assert torch.equal(a, e), (name, _bits_differ(a, e))
 
 
@@ -503,6 +473,23 @@ def _spy_launches(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(tk, "_launch", spy)
     return names
+
+
+def _spy_consts(monkeypatch, kernel: str, *keys: str) -> list[tuple]:
+    """The constexprs ``keys`` of every launch from now on of a kernel whose name contains ``kernel``, in order (not
+    those a compile-ahead dry run lists)."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    seen: list[tuple] = []
+    launch = tk._launch
+
+    def spy(fn, grid, args, warps, **consts):
+        if kernel in fn.__name__ and tk._COLLECT.launches is None:
+            seen.append(tuple(consts[k] for k in keys))
+        return launch(fn, grid, args, warps, **consts)
+
+    monkeypatch.setattr(tk, "_launch", spy)
+    return seen
 
 
 @pytest.mark.parametrize("shape, syn1", [(SHAPES[0], 1), (SHAPES[1], 1), (SHAPES[4], 1), (SHAPES[5], 1),
@@ -891,15 +878,7 @@ def test_level1_unrolled_rows_change_no_bit(dtype, shape, monkeypatch):
     x = torch.randn(b, c, h, w, generator=torch.Generator().manual_seed(11)).to(DEVICE, dtype)
     x = x.contiguous(memory_format=torch.channels_last)
     assert c % tk._block_c(c, tk.TUNING["l1_bc"]) == 0
-    seen = []
-    launch = tk._launch
-
-    def spy(fn, grid, args, warps, **consts):
-        if fn.__name__ == "_level1_kernel" and tk._COLLECT.launches is None:
-            seen.append((consts["UNROLL"], consts["INNER"]))
-        return launch(fn, grid, args, warps, **consts)
-
-    monkeypatch.setattr(tk, "_launch", spy)
+    seen = _spy_consts(monkeypatch, "_level1_kernel", "UNROLL", "INNER")
     got = []
     variants = [(0, 0), (1, 0), (0, 1), (1, 1)]
     for unroll, inner in variants:
