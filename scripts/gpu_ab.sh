@@ -55,7 +55,11 @@ if [[ "$what" == *bits* ]]; then
   # The CPU-suite tests that compare two kernel paths bit for bit, on the GPU, one process, with tracebacks: session
   # 49's cut suite lost the one of test_level1_on_load_changes_no_bit[fp16-L1], which failed on an H100 (bf16-L3
   # and fp32-L6 passed; every level-1 case against the float64 reference passed).
-  step 240 bits.txt "$py" -m pytest -q -rs --tb=short tests/test_ops_triton.py -k "changes_no_bit or bitwise"
+  # The failing case alone first (its traceback whatever the limit does to the rest), then every bitwise
+  # comparison in pytest-xdist workers (compiles are most of the time).
+  step 90 bits_fp16.txt "$py" -m pytest -q -rs --tb=long tests/test_ops_triton.py -k "level1_on_load_changes_no_bit and fp16"
+  step 240 bits.txt "$py" -m pytest -q -rs --tb=short -n "${TESTS_WORKERS:-12}" tests/test_ops_triton.py \
+    -k "no_bit or bitwise"
 fi
 if [[ "$what" == *tests* ]]; then
   # pytest-xdist workers side by side (scripts/gpu_tests.sh): compiling the kernels' specialisations (CPU-bound)
