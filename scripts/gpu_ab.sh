@@ -101,14 +101,16 @@ if [[ "$what" == *unroll* ]]; then
   # 11-19 % fewer with wgrad_inner (level 1's walk 228 registers from 168; the pair 84 s to compile from 29).
   # Each against the default and cuDNN, bf16 B=128, at UNROLL_SHAPES (default 56^2 and 28^2: the smaller maps run
   # the one-launch pass, which none of these touch), one process; then their bitwise tests.
-  uvars="${UNROLL_VARIANTS:-l1_unroll=1 l1_inner=1 conv_unroll=1 wgrad_inner=1 l1_unroll=1,l1_inner=1,conv_unroll=1,wgrad_inner=1}"
+  # With l1_bw=4 (strips of 4 level-1 columns: 8 column loads and butterflies feed 400 multiply-adds a row, not 6
+  # for 200): 773 a row rolled (249 registers), 705 unrolled (233), 672 with l1_inner too (232; 69 s to compile).
+  uvars="${UNROLL_VARIANTS:-l1_unroll=1 l1_inner=1 l1_bw=4,l1_unroll=1 l1_bw=4,l1_unroll=1,l1_inner=1 conv_unroll=1 wgrad_inner=1 l1_unroll=1,l1_inner=1,conv_unroll=1,wgrad_inner=1}"
   ushapes="${UNROLL_SHAPES:-0 1}"
   step 200 unroll_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 --stages $ushapes \
     --modes train --variants $uvars
-  step 240 unroll_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $ushapes \
+  step 270 unroll_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $ushapes \
     --variants $uvars --impls wtconv_triton_cl $(printf 'wtconv_triton_cl+%s ' $uvars) dw7_cl \
     --out "$out/unroll_layer.json"
-  step 110 unroll_test.txt "$py" -m pytest -q -rs --tb=short tests/test_ops_triton.py -k "unrolled_rows or loop_variants"
+  step 90 unroll_test.txt "$py" -m pytest -q -rs --tb=short tests/test_ops_triton.py -k "unrolled_rows or loop_variants"
 fi
 if [[ "$what" == *planmode* ]]; then
   # Graph mode (launch_plan.GRAPHS, opt-in; issue 15): its GPU test (the form of session 30's small-map failure is

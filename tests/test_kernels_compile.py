@@ -97,11 +97,11 @@ def _onload_cases():
     f32, bf16, i32, fp = "*fp32", "*bf16", "i32", tl.float32
     # (TUNING l1_unroll: rows in unrolled blocks of K; l1_inner: inner strips unmasked; fp16 keeps the subbands'
     # 1/2 out of the weights.)
-    for k, flip, unroll, inner, x in ((5, False, False, False, bf16), (7, True, False, False, bf16),
-                                      (3, False, True, True, bf16), (5, True, True, False, bf16),
-                                      (5, False, False, True, "*fp16")):
+    for k, flip, unroll, inner, x, bw in ((5, False, False, False, bf16, 2), (7, True, False, False, bf16, 2),
+                                          (3, False, True, True, bf16, 2), (5, True, True, False, bf16, 2),
+                                          (5, False, False, True, "*fp16", 2), (5, False, True, False, bf16, 4)):
         yield tk._level1_kernel, dict(x_ptr=x, y_ptr=x, w_ptr=f32, H=i32, W=i32), \
-            dict(C=96, K=k, BW=2, BC=32, FLIP=flip, COMPUTE=fp, UNROLL=unroll, INNER=inner)
+            dict(C=96, K=k, BW=bw, BC=32, FLIP=flip, COMPUTE=fp, UNROLL=unroll, INNER=inner)
     yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16, src2_ptr=bf16, coef2_ptr=bf16, src_off=i32,
                                     coef_off="i64", H0=i32, W0=i32, B=i32, PATCHES_W=i32, PATCHES=i32), \
         dict(C=96, SRC_PIX=96, NL=4, M=1, BC=32, CHUNK=64, COMPUTE=fp, SKIP1=True)

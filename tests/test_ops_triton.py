@@ -864,13 +864,15 @@ def test_level1_on_load_matches_reference(shape, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype, shape", [
-    (torch.float32, (2, 4, 12, 14, 3, 2, 1, True)),  # h1 + PAD = 7 rows: blocks of K = 3, the last partial
+    (torch.float32, (2, 4, 12, 20, 3, 2, 1, True)),  # h1 + PAD = 7 rows: blocks of K = 3, the last partial;
+    # level 1 10 columns wide: inner strips at l1_bw 2 and 4, a partial last strip at 4
     (torch.bfloat16, (1, 4, 8, 20, 7, 2, 1, True)),  # h1 = 4 level-1 rows, PAD = 3: one block of 7
 ], ids=["fp32-K3", "bf16-K7"])
 def test_level1_unrolled_rows_change_no_bit(dtype, shape, monkeypatch):
     """TUNING l1_unroll (_level1_kernel's rows in unrolled blocks of K) and l1_inner (strips away from the map's
-    sides without masks; C a multiple of the channel block, so the path is taken) give the output and every
-    gradient bit for bit as the rolled, masked loop, and the launches say which ran."""
+    sides without masks; C a multiple of the channel block, so the path is taken), also with strips of 4 level-1
+    columns (l1_bw), give the output and every gradient bit for bit as the rolled, masked loop, and the launches
+    say which ran."""
     from wtconvnext.ops import triton_kernels as tk
 
     b, c, h, w, k, levels, stride, bias = shape
@@ -878,14 +880,14 @@ def test_level1_unrolled_rows_change_no_bit(dtype, shape, monkeypatch):
     x = torch.randn(b, c, h, w, generator=torch.Generator().manual_seed(11)).to(DEVICE, dtype)
     x = x.contiguous(memory_format=torch.channels_last)
     assert c % tk._block_c(c, tk.TUNING["l1_bc"]) == 0
-    seen = _spy_consts(monkeypatch, "_level1_kernel", "UNROLL", "INNER")
+    seen = _spy_consts(monkeypatch, "_level1_kernel", "UNROLL", "INNER", "BW")
     got = []
-    variants = [(0, 0), (1, 0), (0, 1), (1, 1)]
-    for unroll, inner in variants:
+    variants = [(0, 0, 2), (1, 0, 2), (0, 1, 2), (1, 1, 2), (1, 1, 4)]  # (l1_unroll, l1_inner, l1_bw)
+    for unroll, inner, bw in variants:
         monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, "l1_onload": 1, "l1_unroll": unroll,
-                                           "l1_inner": inner})
+                                           "l1_inner": inner, "l1_bw": bw})
         got.append(_run(x, params, stride, "triton")[0])
-    assert seen == [(bool(u), bool(n)) for u, n in variants for _ in range(2)], seen  # forward, input gradient
+    assert seen == [(bool(u), bool(n), bw) for u, n, bw in variants for _ in range(2)], seen  # fwd, input grad
     for v, other in zip(variants[1:], got[1:]):
         for name, a, e in zip([n for n in NAMES if bias or n != "dbias"], got[0], other):
             assert torch.equal(a, e), (v, name, _bits_differ(a, e))

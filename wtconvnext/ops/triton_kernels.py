@@ -1198,7 +1198,9 @@ TUNING: dict[str, int] = {
     "conv_unroll": 0,
     # l1_inner = 1: _level1_kernel's strips away from the map's sides load and store without masks (a second copy
     # of its row loop; sm_90 bf16: 432 instructions a row at 190 registers against 454 at 185, with l1_unroll 389
-    # at 221, 43 s to compile from an empty cache on this CPU against 9). Not timed yet.
+    # at 221, 43 s to compile from an empty cache on this CPU against 9). Per 400 FFMA with l1_bw 4 (its column
+    # loads and butterflies shared by 4 output columns, not 2): 773 rolled (249 registers), 705 with l1_unroll
+    # (233), 672 with both (232; 69 s to compile). Not timed yet.
     "l1_inner": 0,
     # wgrad_inner = 1 (with wgrad_unroll): the weight-gradient walks' unrolled rows of strips inside the map, of
     # images in the batch, load without masks (a second copy of that loop). sm_90 bf16, instructions per 5 rows: level
