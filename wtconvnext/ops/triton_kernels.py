@@ -228,13 +228,10 @@ def _level1_kernel(
     acc = ()
     for _ in tl.static_range(4 * K * BW):  # subband-major, then row slot, then column
         acc = acc + (tl.zeros((BC,), dtype=COMPUTE),)
-    if INNER and (C % BC == 0):
-        # Strips whose input columns all lie in the map (most of them) load and store without masks: a masked load
-        # with other=0 first zeroes its register (sm_90: 24 PRMT a row).
-        if (j0 >= PAD) & (j0 + BW + PAD <= w1):
-            _level1_rows(acc, h1, xb, yb, rs, wts, inm, outm, ty, C, K, BW, FLIP, COMPUTE, HALF, UNROLL, False)
-        else:
-            _level1_rows(acc, h1, xb, yb, rs, wts, inm, outm, ty, C, K, BW, FLIP, COMPUTE, HALF, UNROLL, True)
+    # INNER: strips whose input columns all lie in the map (most of them), of whole channel blocks, load and store
+    # without masks: a masked load with other=0 first zeroes its register (sm_90: 24 PRMT a row).
+    if INNER and (C % BC == 0) and (j0 >= PAD) & (j0 + BW + PAD <= w1):
+        _level1_rows(acc, h1, xb, yb, rs, wts, inm, outm, ty, C, K, BW, FLIP, COMPUTE, HALF, UNROLL, False)
     else:
         _level1_rows(acc, h1, xb, yb, rs, wts, inm, outm, ty, C, K, BW, FLIP, COMPUTE, HALF, UNROLL, True)
 
@@ -681,25 +678,15 @@ def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.conste
         mid = 0
         if UNROLL:
             mid = tl.maximum(h - 1 - PAD, 0) // K * K
-            if INNER:
-                # A strip whose columns all lie in the map, of an image in the batch (most of them), loads without
-                # masks: a masked load with other=0 first zeroes its register, and the masks outnumber the
-                # predicate registers (sm_90: P2R / ISETP / LOP3 to rebuild them).
-                if bok & (n0 >= PAD) & (n0 + BW + PAD <= w):
-                    for r0 in range(0, mid, K):
-                        for u in tl.static_range(K):
-                            acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r0 + u, xb, gb, rs, h, inm,
-                                                                gm, bok, CC, K, BW, DSUM, COMPUTE, False, False)
-                else:
-                    for r0 in range(0, mid, K):
-                        for u in tl.static_range(K):
-                            acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r0 + u, xb, gb, rs, h, inm,
-                                                                gm, bok, CC, K, BW, DSUM, COMPUTE, False)
+            # INNER: a strip whose columns all lie in the map, of an image in the batch (most of them), loads
+            # without masks: a masked load with other=0 first zeroes its register, and the masks outnumber the
+            # predicate registers (sm_90: P2R / ISETP / LOP3 to rebuild them).
+            if INNER and bok & (n0 >= PAD) & (n0 + BW + PAD <= w):
+                acc, dq, gn, xn, dsum = _wgrad_blocks(acc, dq, gn, xn, dsum, mid, xb, gb, rs, h, inm, gm, bok,
+                                                      CC, K, BW, DSUM, COMPUTE, False)
             else:
-                for r0 in range(0, mid, K):
-                    for u in tl.static_range(K):
-                        acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r0 + u, xb, gb, rs, h, inm, gm,
-                                                            bok, CC, K, BW, DSUM, COMPUTE, False)
+                acc, dq, gn, xn, dsum = _wgrad_blocks(acc, dq, gn, xn, dsum, mid, xb, gb, rs, h, inm, gm, bok,
+                                                      CC, K, BW, DSUM, COMPUTE, True)
         for r in range(mid, h):
             acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
                                                 CC, K, BW, DSUM, COMPUTE, True)
@@ -707,6 +694,17 @@ def _wgrad_strip(xb0, gb0, dst, h, w, n0, grp, B, IMGS, cc, cmask, CC: tl.conste
         tl.store(dst + t * CC, acc[t].to(dst.dtype.element_ty), mask=cmask)
     if DSUM:
         tl.store(dst + K * K * CC, dsum.to(dst.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
+def _wgrad_blocks(acc, dq, gn, xn, dsum, mid, xb, gb, rs, h, inm, gm, bok, CC: tl.constexpr, K: tl.constexpr,
+                  BW: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, MASKED: tl.constexpr):
+    """_wgrad_strip's x rows 0 .. mid - 1 (mid a multiple of K) in unrolled blocks of K (MASKED: see _wgrad_xrow)."""
+    for r0 in range(0, mid, K):
+        for u in tl.static_range(K):
+            acc, dq, gn, xn, dsum = _wgrad_xrow(acc, dq, gn, xn, dsum, r0 + u, xb, gb, rs, h, inm, gm, bok,
+                                                CC, K, BW, DSUM, COMPUTE, False, MASKED)
+    return acc, dq, gn, xn, dsum
 
 
 @triton.jit
