@@ -60,15 +60,14 @@ def _case(name: str, ch: int, dtype: str):
     if name.startswith("level1"):  # level 1's convolutions with its subbands made on load (TUNING l1_onload)
         sig = dict(x_ptr=x, y_ptr=x, w_ptr=f32, H=i32, W=i32)
         const = dict(C=ch, K=5, BW=tun["l1_bw"], BC=tk._block_c(ch, tun["l1_bc"]), FLIP=name == "level1_dx",
-                     COMPUTE=fp, UNROLL=bool(tun["l1_unroll"]), INNER=bool(tun["l1_inner"]))
+                     COMPUTE=fp)
         return tk._level1_kernel, sig, const, tun["l1_warps"]
     if name.startswith(("conv", "dx")):
         sig = dict(x_ptr=x, acc_ptr=x, acc2_ptr=x, y_ptr=x, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32, W=i32, B=i32)
         syn1 = name.endswith("syn1")
         const = dict(CC=cc, K=5, LEVELS=levels, BW=tun["conv_bw"], BC=tk.conv_block_c(cc, levels), STRIDE=1,
                      HAS_ACC=not levels, HAS_BIAS=name.startswith("conv_base"), FLIP=name.startswith("dx"), COMPUTE=fp,
-                     SYN1=syn1, HAS_ACC2=syn1, SYN_AHEAD=tun["syn1_ahead"] if syn1 else 0,
-                     UNROLL=bool(tun["conv_unroll"]))
+                     SYN1=syn1, HAS_ACC2=syn1, SYN_AHEAD=tun["syn1_ahead"] if syn1 else 0)
         return tk._conv_kernel, sig, const, tun["conv_warps"]
     if name == "wgrad_pair":  # the default backward's one weight-gradient launch: base and every level
         sig = dict(x_ptr=x, g_ptr=x, bpart_ptr=f32, cx_ptr=x, cg_ptr=x, lpart_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32,

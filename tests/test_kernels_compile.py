@@ -87,7 +87,7 @@ def _cases():
 
 
 def _onload_cases():
-    """TUNING l1_onload's specialisations: level 1 on load (forward and rotated, rolled and unrolled), the analysis from level 2, the
+    """TUNING l1_onload's specialisations: level 1 on load (forward and rotated), the analysis from level 2, the
     level convolutions from level 2, the in-place base convolution (SYN1 == 2) and the weight-gradient walk of
     levels 2.. (alone and paired with the base's)."""
     import triton.language as tl
@@ -95,13 +95,9 @@ def _onload_cases():
     from wtconvnext.ops import triton_kernels as tk
 
     f32, bf16, i32, fp = "*fp32", "*bf16", "i32", tl.float32
-    # (TUNING l1_unroll: rows in unrolled blocks of K; l1_inner: inner strips unmasked; fp16 keeps the subbands'
-    # 1/2 out of the weights.)
-    for k, flip, unroll, inner, x, bw in ((5, False, False, False, bf16, 2), (7, True, False, False, bf16, 2),
-                                          (3, False, True, True, bf16, 2), (5, True, True, False, bf16, 2),
-                                          (5, False, False, True, "*fp16", 2), (5, False, True, False, bf16, 4)):
+    for k, flip, x in ((5, False, bf16), (7, True, bf16), (3, False, "*fp16")):
         yield tk._level1_kernel, dict(x_ptr=x, y_ptr=x, w_ptr=f32, H=i32, W=i32), \
-            dict(C=96, K=k, BW=bw, BC=32, FLIP=flip, COMPUTE=fp, UNROLL=unroll, INNER=inner)
+            dict(C=96, K=k, BW=2, BC=32, FLIP=flip, COMPUTE=fp)
     yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16, src2_ptr=bf16, coef2_ptr=bf16, src_off=i32,
                                     coef_off="i64", H0=i32, W0=i32, B=i32, PATCHES_W=i32, PATCHES=i32), \
         dict(C=96, SRC_PIX=96, NL=4, M=1, BC=32, CHUNK=64, COMPUTE=fp, SKIP1=True)
@@ -109,13 +105,9 @@ def _onload_cases():
                 B=i32)
     yield tk._conv_kernel, conv, dict(CC=384, K=5, LEVELS=4, BW=4, BC=64, STRIDE=1, HAS_ACC=False, HAS_BIAS=False,
                                       FLIP=False, COMPUTE=fp, SYN1=False, HAS_ACC2=False, SYN_AHEAD=0, LV0=1)
-    for acc2, bias, unroll in ((True, True, False), (False, False, False), (True, False, True)):
+    for acc2, bias in ((True, True), (False, False)):
         yield tk._conv_kernel, conv, dict(CC=96, K=5, LEVELS=0, BW=4, BC=64, STRIDE=1, HAS_ACC=True, HAS_BIAS=bias,
-                                          FLIP=not bias, COMPUTE=fp, SYN1=2, HAS_ACC2=acc2, SYN_AHEAD=1, LV0=0,
-                                          UNROLL=unroll)
-    # (TUNING conv_unroll: the levels' convolution with its middle rows in unrolled blocks of K.)
-    yield tk._conv_kernel, conv, dict(CC=384, K=5, LEVELS=4, BW=4, BC=64, STRIDE=1, HAS_ACC=False, HAS_BIAS=False,
-                                      FLIP=True, COMPUTE=fp, SYN1=False, HAS_ACC2=False, SYN_AHEAD=0, LV0=1, UNROLL=True)
+                                          FLIP=not bias, COMPUTE=fp, SYN1=2, HAS_ACC2=acc2, SYN_AHEAD=1, LV0=0)
     wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     yield tk._wgrad_kernel, wg, dict(CC=384, K=3, TP=16, LEVELS=4, BW=7, BC=64, DSUM=False, COMPUTE=fp,
                                      UNROLL=False, SKIP1=True)

@@ -121,7 +121,7 @@ def _conv_kernel(
     CC: tl.constexpr, K: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
     STRIDE: tl.constexpr, HAS_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, FLIP: tl.constexpr,
     COMPUTE: tl.constexpr, SYN1: tl.constexpr, HAS_ACC2: tl.constexpr, SYN_AHEAD: tl.constexpr,
-    LV0: tl.constexpr = 0, UNROLL: tl.constexpr = False,
+    LV0: tl.constexpr = 0,
 ):
     """Depthwise K x K convolution, 'same' zero padding: of one map (LEVELS = 0), or of every level's subbands in
     one launch (LEVELS = L: the program finds its level). FLIP rotates the kernel by 180 degrees. SYN1 (with
@@ -177,7 +177,7 @@ def _conv_kernel(
         a2p = ab
         rs1 = rs
     _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
-                CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, SYN_AHEAD, UNROLL)
+                CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1, HAS_ACC2, SYN_AHEAD)
 
 
 @triton.jit
@@ -187,7 +187,7 @@ def _level1_kernel(
     w_ptr,  # (L, K, K, 4, C): the folded level kernels (taps-major, then subband); level 1's are used
     H, W,
     C: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, FLIP: tl.constexpr,
-    COMPUTE: tl.constexpr, UNROLL: tl.constexpr = False, INNER: tl.constexpr = False,
+    COMPUTE: tl.constexpr,
 ):
     """Level 1's K x K convolutions with its subbands made as the input rows load, no coefficient buffer: a
     program walks down BW of level 1's columns, loads the two full-resolution rows under each level-1 row, makes
@@ -207,92 +207,36 @@ def _level1_kernel(
     cc = tl.program_id(1) * BC + tl.arange(0, BC)
     cmask = cc < C
     ty = x_ptr.dtype.element_ty
-    # The subbands' 1/2 goes into the weights (24 multiplies a row less): rounding commutes with halving, and a
-    # product with half the weight is the same, bit for bit, where ty has fp32's exponent range (bf16, fp32, fp64;
-    # values under 2^-125 aside); fp16's narrower range would round small subbands differently, so it halves them.
-    HALF: tl.constexpr = ty == tl.float16
     wts = ()
     for t in tl.static_range(K * K):
         for s in tl.static_range(4):
-            wv = tl.load(w_ptr + (t * 4 + s) * C + cc, mask=cmask, other=0.0).to(COMPUTE)
-            if not HALF:
-                wv = wv * 0.5
-            wts = wts + (wv,)
+            wts = wts + (tl.load(w_ptr + (t * 4 + s) * C + cc, mask=cmask, other=0.0).to(COMPUTE),)
     inm, outm = _column_masks(cmask, j0, w1, K, BW, 1)
     rs = tl.cast(W * C, tl.int64)
-    # The strip's first input and output pixels: every load and store of a row is then a constant offset from one
-    # of two row pointers (immediates of the load instruction), where offsets from the row's start cost a 64-bit
-    # add each (sm_90: 24 IADD3 pairs a row of 557 instructions).
-    xb = x_ptr + b * H * rs + cc + 2 * (j0 - PAD) * C
-    yb = y_ptr + b * H * rs + cc + 2 * j0 * C
+    xb = x_ptr + b * H * rs + cc
+    yb = y_ptr + b * H * rs + cc
     acc = ()
     for _ in tl.static_range(4 * K * BW):  # subband-major, then row slot, then column
         acc = acc + (tl.zeros((BC,), dtype=COMPUTE),)
-    # INNER: strips whose input columns all lie in the map (most of them), of whole channel blocks, load and store
-    # without masks: a masked load with other=0 first zeroes its register (sm_90: 24 PRMT a row).
-    if INNER and (C % BC == 0) and (j0 >= PAD) & (j0 + BW + PAD <= w1):
-        _level1_rows(acc, h1, xb, yb, rs, wts, inm, outm, ty, C, K, BW, FLIP, COMPUTE, HALF, UNROLL, False)
-    else:
-        _level1_rows(acc, h1, xb, yb, rs, wts, inm, outm, ty, C, K, BW, FLIP, COMPUTE, HALF, UNROLL, True)
-
-
-@triton.jit
-def _level1_rows(acc, h1, xb, yb, rs, wts, inm, outm, ty: tl.constexpr, C: tl.constexpr, K: tl.constexpr,
-                 BW: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, HALF: tl.constexpr,
-                 UNROLL: tl.constexpr, MASKED: tl.constexpr):
-    """_level1_kernel's walk down the rows (MASKED: loads and stores under the column masks)."""
-    PAD: tl.constexpr = K // 2
-    if UNROLL:
-        # Rows in unrolled blocks of K: the rolling accumulators rotate back to where they started, so the loop
-        # carries them without register moves (sm_90: 34 MOVs a row rolled, 7 unrolled; 225 registers, not 185).
-        for r0 in range(0, h1 + PAD, K):
-            for u in tl.static_range(K):
-                acc = _level1_row(acc, r0 + u, h1, xb, yb, rs, wts, inm, outm, ty, C, K, BW, FLIP, COMPUTE, HALF,
-                                  MASKED)
-    else:
-        for r in range(0, h1 + PAD):
-            acc = _level1_row(acc, r, h1, xb, yb, rs, wts, inm, outm, ty, C, K, BW, FLIP, COMPUTE, HALF, MASKED)
-
-
-@triton.jit
-def _level1_row(acc, r, h1, xb, yb, rs, wts, inm, outm, ty: tl.constexpr, C: tl.constexpr, K: tl.constexpr,
-                BW: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, HALF: tl.constexpr,
-                MASKED: tl.constexpr):
-    """_level1_kernel's step r: level-1 row r's subbands into the accumulators (r < h1), output row r - PAD stored
-    (when it is one), the accumulators one row on."""
-    PAD: tl.constexpr = K // 2
-    o = r - PAD
-    if r < h1:
-        top = xb + (2 * r) * rs
-        bot = top + rs
-        for i in tl.static_range(BW + K - 1):
-            if MASKED:
-                a = tl.load(top + (2 * i) * C, mask=inm[i], other=0.0).to(COMPUTE)
-                bb = tl.load(top + (2 * i + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
-                c = tl.load(bot + (2 * i) * C, mask=inm[i], other=0.0).to(COMPUTE)
-                d = tl.load(bot + (2 * i + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
-            else:
-                a = tl.load(top + (2 * i) * C).to(COMPUTE)
-                bb = tl.load(top + (2 * i + 1) * C).to(COMPUTE)
-                c = tl.load(bot + (2 * i) * C).to(COMPUTE)
-                d = tl.load(bot + (2 * i + 1) * C).to(COMPUTE)
-            v = _haar(a, bb, c, d, ty, COMPUTE, HALF)  # as _analysis_level stores them (or twice that)
+    for r in range(0, h1 + PAD):
+        o = r - PAD
+        if r < h1:
+            top = xb + (2 * r) * rs
+            for i in tl.static_range(NI):
+                col = 2 * (j0 + (i - PAD))
+                a = tl.load(top + col * C, mask=inm[i], other=0.0).to(COMPUTE)
+                bb = tl.load(top + (col + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
+                c = tl.load(top + rs + col * C, mask=inm[i], other=0.0).to(COMPUTE)
+                d = tl.load(top + rs + (col + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
+                v = _haar(a, bb, c, d, ty, COMPUTE)  # as _analysis_level stores them
+                for s in tl.static_range(4):
+                    acc = _tap_fmas(acc, v[s], wts, i, K, BW, FLIP, 4, s)
+        if o >= 0:
             for s in tl.static_range(4):
-                acc = _tap_fmas(acc, v[s], wts, i, K, BW, FLIP, 4, s)
-    if (o >= 0) & (o < h1):
-        ytop = yb + (2 * o) * rs
-        ybot = ytop + rs
-        for s in tl.static_range(4):
-            for q in tl.static_range(BW):
-                if s // 2 == 0:
-                    p = ytop + (2 * q + s % 2) * C
-                else:
-                    p = ybot + (2 * q + s % 2) * C
-                if MASKED:
-                    tl.store(p, acc[(s * K) * BW + q].to(yb.dtype.element_ty), mask=outm[q])
-                else:
-                    tl.store(p, acc[(s * K) * BW + q].to(yb.dtype.element_ty))
-    return _rotate_rows(acc, K, BW, 4)
+                for q in tl.static_range(BW):
+                    p = yb + (2 * o + s // 2) * rs + (2 * (j0 + q) + s % 2) * C
+                    tl.store(p, acc[(s * K) * BW + q].to(y_ptr.dtype.element_ty), mask=outm[q])
+        acc = _rotate_rows(acc, K, BW, 4)
 
 
 @triton.jit
@@ -325,11 +269,10 @@ def _column_masks(cmask, n0, w, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.co
 def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
                 CC: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, STRIDE: tl.constexpr, HAS_ACC: tl.constexpr,
                 HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr,
-                HAS_ACC2: tl.constexpr, SYN_AHEAD: tl.constexpr, UNROLL: tl.constexpr = False):
+                HAS_ACC2: tl.constexpr, SYN_AHEAD: tl.constexpr):
     """One strip of BW output columns from column n0 of an (h, w) map, walked down every row: ``xb`` / ``ab`` point
     at row 0, column n0 of the input / the added map (row stride ``rs``), ``yb`` at the output's row 0, column 0
-    (row stride ``ors``); the channel vectors take the shape of ``cmask``. UNROLL: the middle rows in unrolled
-    blocks of K (TUNING conv_unroll)."""
+    (row stride ``ors``); the channel vectors take the shape of ``cmask``."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
     inm, outm = _column_masks(cmask, n0, w, K, BW, STRIDE)
@@ -354,17 +297,7 @@ def _conv_strip(xb, ab, yb, rs, ors, h, w, n0, cmask, wts, bias, t1p, a2p, rs1,
         acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
                              t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
                              HAS_ACC2, True, False, SYN_AHEAD)
-    lo = PAD
-    if UNROLL:
-        # The middle rows in unrolled blocks of K first: the rolling accumulators rotate back to where they
-        # started, so the loop carries them (and the row loaded ahead) without register moves.
-        lo = PAD + (mid - PAD) // K * K
-        for r0 in range(PAD, lo, K):
-            for u in tl.static_range(K):
-                acc, nxt = _conv_row(acc, nxt, r0 + u, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
-                                     t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
-                                     HAS_ACC2, False, False, SYN_AHEAD)
-    for r in range(lo, mid):
+    for r in range(PAD, mid):
         acc, nxt = _conv_row(acc, nxt, r, xb, rs, h, w, n0, inm, outm, cmask, wts, bias, ab, yb, ors,
                              t1p, a2p, rs1, CC, K, BW, STRIDE, HAS_ACC, HAS_BIAS, FLIP, COMPUTE, SYN1,
                              HAS_ACC2, False, False, SYN_AHEAD)
@@ -759,19 +692,15 @@ def _wgrad_xrow(acc, dq, gn, xn, dsum, r, xb, gb, rs, h, inm, gm, bok,
 
 
 @triton.jit
-def _haar(a, b, c, d, ty: tl.constexpr, COMPUTE: tl.constexpr, HALF: tl.constexpr = True):
+def _haar(a, b, c, d, ty: tl.constexpr, COMPUTE: tl.constexpr):
     """The Haar subbands (LL, top-minus-bottom, left-minus-right, diagonal) of the 2 x 2 block ``[[a, b], [c, d]]``
-    (in COMPUTE), rounded to ``ty`` as the analysis stores them, in COMPUTE. HALF = False: twice that, the 1/2
-    left to the caller's weights (see _level1_kernel)."""
+    (in COMPUTE), rounded to ``ty`` as the analysis stores them, in COMPUTE."""
     ab = a + b
     cd = c + d
     amb = a - b
     cmd = c - d
-    if HALF:
-        return (((ab + cd) * 0.5).to(ty).to(COMPUTE), ((ab - cd) * 0.5).to(ty).to(COMPUTE),
-                ((amb + cmd) * 0.5).to(ty).to(COMPUTE), ((amb - cmd) * 0.5).to(ty).to(COMPUTE))
-    return ((ab + cd).to(ty).to(COMPUTE), (ab - cd).to(ty).to(COMPUTE), (amb + cmd).to(ty).to(COMPUTE),
-            (amb - cmd).to(ty).to(COMPUTE))
+    return (((ab + cd) * 0.5).to(ty).to(COMPUTE), ((ab - cd) * 0.5).to(ty).to(COMPUTE),
+            ((amb + cmd) * 0.5).to(ty).to(COMPUTE), ((amb - cmd) * 0.5).to(ty).to(COMPUTE))
 
 
 @triton.jit
@@ -1186,20 +1115,14 @@ TUNING: dict[str, int] = {
     # bab313d / b254b47 have the knobs); stored level 1 in batch chunks (chunk_kb 16384, 1.06x dw7's memory) 4.4x
     # slower, 101 launches (session 49). Per kernel at 56 x 56 (session 49): level 1 on load costs 0.14 ms over
     # stored level 1, in the backward (extra x / dy analysis for the staged walk, its two launches, the chain rule's).
+    # Fewer instructions did not mean faster here (H100, session 50, one process, f+b at 56 x 56 against dw7's
+    # 1.342 ms): session 49's _level1_kernel (row pointers, the Haar 1/2 in the weights: 454 sm_90 instructions a row
+    # against 557, 185 registers against 168) took 0.384 ms per f+b by the profiler against this one's 0.307 (session
+    # 49, same card type; every other kernel the same to the microsecond), the layer 1.540 ms; its rows in unrolled
+    # blocks of K with mask-free inner strips (389 a row, 221 registers) 1.530, with strips of 4 columns (1.7
+    # instructions per FFMA) 1.575; _conv_kernel's middle rows unrolled (8-14 % fewer, up to 184 registers) 1.582.
+    # All reverted or removed (git 572471a has them).
     "l1_onload": 1, "l1_bw": 2, "l1_bc": 32, "l1_warps": 1,
-    # l1_unroll = 1: _level1_kernel's rows in unrolled blocks of K (no register moves for the rolling accumulators;
-    # sm_90, bf16: 418 against 454 instructions a row, 225 registers against 185, 9.2 s to compile against 3).
-    # Not timed yet.
-    "l1_unroll": 0,
-    # conv_unroll = 1: _conv_kernel's middle rows in unrolled blocks of K (no register moves for the rolling
-    # accumulators and the row loaded ahead). Not timed yet.
-    "conv_unroll": 0,
-    # l1_inner = 1: _level1_kernel's strips away from the map's sides load and store without masks (a second copy
-    # of its row loop; sm_90 bf16: 432 instructions a row at 190 registers against 454 at 185, with l1_unroll 389
-    # at 221, 43 s to compile from an empty cache on this CPU against 9). Per 400 FFMA with l1_bw 4 (its column
-    # loads and butterflies shared by 4 output columns, not 2): 773 rolled (249 registers), 705 with l1_unroll
-    # (233), 672 with both (232; 69 s to compile). Not timed yet.
-    "l1_inner": 0,
     # wgrad_inner = 1 (with wgrad_unroll): the weight-gradient walks' unrolled rows of strips inside the map, of
     # images in the batch, load without masks (a second copy of that loop). sm_90 bf16, instructions per 5 rows: level
     # 1's walk 1101 against 1268, the pair's levels 1106 against 1372 and base 1173 against 1325; registers 228
@@ -1207,8 +1130,7 @@ TUNING: dict[str, int] = {
     "wgrad_inner": 0,
 }
 # 0 .. the value, not sizes
-_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "l1_unroll": 1,
-              "conv_unroll": 1, "l1_inner": 1, "wgrad_inner": 1}
+_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "wgrad_inner": 1}
 _ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc")  # 0 turns the path off (conv_base_bc: the rule)
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
               "l1_bc")
@@ -1714,8 +1636,7 @@ def _onload_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor
         acc2 = coef
     bw, bc = TUNING["l1_bw"], _block_c(ch, TUNING["l1_bc"])
     _launch(_level1_kernel, (bsz * _cdiv(w // 2, bw), _cdiv(ch, bc)), (x, out, level_w, h, w), TUNING["l1_warps"],
-            C=ch, K=k, BW=bw, BC=bc, FLIP=flip, COMPUTE=_compute_dtype(x.dtype), UNROLL=bool(TUNING["l1_unroll"]),
-            INNER=bool(TUNING["l1_inner"]))
+            C=ch, K=k, BW=bw, BC=bc, FLIP=flip, COMPUTE=_compute_dtype(x.dtype))
     _conv_launch(x, out, out, base_w, base_w if base_b is None else base_b, h, w, bsz, ch, k, 0, 1, True,
                  base_b is not None, flip, syn1=2, acc2=acc2)
 
@@ -1793,7 +1714,7 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
         (x, acc, x if acc2 is None else acc2, y, wts, bias, acc2_off, h, w, bsz), TUNING["conv_warps"],
         CC=cc, K=k, LEVELS=levels, BW=bw, BC=bc, STRIDE=stride, HAS_ACC=has_acc, HAS_BIAS=has_bias, FLIP=flip,
         COMPUTE=_compute_dtype(x.dtype), SYN1=int(syn1), HAS_ACC2=acc2 is not None,
-        SYN_AHEAD=TUNING["syn1_ahead"] if syn1 else 0, LV0=lv0, UNROLL=bool(TUNING["conv_unroll"]),
+        SYN_AHEAD=TUNING["syn1_ahead"] if syn1 else 0, LV0=lv0,
     )
 
 
