@@ -133,8 +133,11 @@ def compile_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, Any],
     import triton
     from triton.backends.compiler import GPUTarget
 
+    from wtconvnext.ops.triton_kernels import launch_options
+
+    # (With the kernel's TUNING register cap, as its launches get it.)
     return triton.compile(_sm90_source(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": warps})
+                          options=launch_options(fn, warps))
 
 
 def _sm90_source(fn: Any, signature: dict[str, str], constexprs: dict[str, Any]) -> Any:

@@ -2,7 +2,7 @@
 # The kernels' GPU checks, A/Bs and benchmarks (issue 14 on), step by step in device calls of at most 10 minutes.
 #   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [layer] [profile] [compiled] [pmodel]
 #                          [graphs] [host] [launch] [pair] [pgrad] [eager] [warm] [parity] [patch] [cmodel]
-#                          [sizes] [dense] [trainbench] [cold] [ahead] [level1] [planmode] [bits] [unroll]
+#                          [sizes] [dense] [trainbench] [cold] [ahead] [level1] [planmode] [bits] [unroll] [maxnreg]
 # TCACHE=DIR: Triton's compiled kernels and Inductor's cache are unpacked from DIR first and packed into OUTDIR last
 # (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles. The parts (binaries only,
 # 15 MiB each) must come back as files of their own: with $OUT set (the device machine) they are copied there, beside
@@ -112,6 +112,26 @@ if [[ "$what" == *unroll* ]]; then
     --variants $uvars --impls wtconv_triton_cl $(printf 'wtconv_triton_cl+%s ' $uvars) dw7_cl \
     --out "$out/unroll_layer.json"
   step 90 unroll_test.txt "$py" -m pytest -q -rs --tb=short tests/test_ops_triton.py -k "loop_variants"
+fi
+if [[ "$what" == *maxnreg* ]]; then
+  # Register caps (TUNING conv_maxnreg / l1_maxnreg / wgrad_maxnreg, session 50): session 50 timed 185 registers
+  # against 168 in the level-1 kernel at 0.384 against 0.307 ms, so occupancy, not instructions, may bound these
+  # one- and two-warp programs. sm_90 bf16 C=96 (benchmarks/sass_stats.py): the levels' and input-gradient
+  # convolutions fit 128 without spills (12 -> 16 warps an SM), the base convolution 150 -> 128 with 13 local loads
+  # a row; level 1 on load at 144 (14 warps) with 27 a row; the pair walk 230 -> 168 registers (2 warps a program).
+  # Each against the default and cuDNN, bf16 B=128, at MAXNREG_SHAPES (default 56^2 and 28^2), one process, after
+  # their compiles (MAXNREG_WARM seconds, default 300), then the default's and the best guess's per-kernel profiles.
+  mvars="${MAXNREG_VARIANTS:-conv_maxnreg=128 l1_maxnreg=144 wgrad_maxnreg=168 conv_maxnreg=128,l1_maxnreg=144,wgrad_maxnreg=168}"
+  mshapes="${MAXNREG_SHAPES:-0 1}"
+  step "${MAXNREG_WARM:-300}" maxnreg_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 \
+    --stages $mshapes --modes train --variants $mvars
+  step 270 maxnreg_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $mshapes \
+    --variants $mvars --impls wtconv_triton_cl $(printf 'wtconv_triton_cl+%s ' $mvars) dw7_cl \
+    --out "$out/maxnreg_layer.json"
+  for t in "" conv_maxnreg=128,l1_maxnreg=144,wgrad_maxnreg=168; do
+    step 60 "maxnreg_profile_${t:-default}.txt" "$py" benchmarks/profile_layer.py --shapes $mshapes --dtypes bf16 \
+      --cl ${t:+--tuning ${t//,/ }}
+  done
 fi
 if [[ "$what" == *planmode* ]]; then
   # Graph mode (launch_plan.GRAPHS, opt-in; issue 15): its GPU test (the form of session 30's small-map failure is

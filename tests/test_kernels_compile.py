@@ -207,5 +207,22 @@ def test_kernels_compile_for_sm90():
     assert proc.returncode == 0, proc.stderr[-6000:]
 
 
+def _register_cap() -> int:
+    """TUNING conv_maxnreg reaches the compile: the levels' convolution (168 registers uncapped, sm_90 bf16) within
+    a cap of 128."""
+    from benchmarks.sass_stats import analyse
+    from wtconvnext.ops import triton_kernels as tk
+
+    regs = {}
+    for cap in (0, 128):
+        tk.TUNING["conv_maxnreg"] = cap
+        regs[cap] = analyse("conv_levels", 96, "bf16")["registers"]
+    tk.TUNING["conv_maxnreg"] = 0
+    if not (regs[128] <= 128 < regs[0]):
+        print(f"FAILED register cap: {regs} registers uncapped / capped at 128", file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
-    raise SystemExit(1 if _compile_all() + _loop_carries() else 0)
+    raise SystemExit(1 if _compile_all() + _loop_carries() + _register_cap() else 0)

@@ -657,11 +657,12 @@ def test_tuning_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tk, "TUNING", dict(tk.TUNING))
     good = tmp_path / "tuned.json"
-    good.write_text(json.dumps({"conv_bw": 7, "wgrad_warps": 4}))
+    good.write_text(json.dumps({"conv_bw": 7, "wgrad_warps": 4, "conv_maxnreg": 128, "l1_maxnreg": 0}))
     monkeypatch.setenv("WTCONVNEXT_TUNING", str(good))
     tk._tuning_from_env()
-    assert tk.TUNING["conv_bw"] == 7 and tk.TUNING["wgrad_warps"] == 4
+    assert tk.TUNING["conv_bw"] == 7 and tk.TUNING["wgrad_warps"] == 4 and tk.TUNING["conv_maxnreg"] == 128
     for text, match in (("{not json", "cannot read"), ("[1, 2]", "JSON object"), ('{"fwd_tiles": 8}', "unknown keys"),
+                        ('{"conv_maxnreg": 100}', "multiple of 8"), ('{"wgrad_maxnreg": 512}', "multiple of 8"),
                         ('{"conv_bc": 24}', "power of two"), ('{"wgrad_warps": 0}', "out of range"),
                         ('{"syn1_ahead": 3}', "out of range"), ('{"syn1": 2}', "out of range")):
         bad = tmp_path / "bad.json"
@@ -731,6 +732,35 @@ def test_fast_launch_keys_on_triton_specialization(monkeypatch):
         tk._launch(fn, (1, 1), (buf, 32), 4, C=96)
     monkeypatch.setattr(tk, "_MAX_KEPT", len(tk._COMPILED))  # a full cache launches through Triton
     assert launch(buf, 64)[0] == "jit" and launch(buf, 64)[0] == "jit"
+
+
+def test_register_cap_reaches_the_launch(monkeypatch):
+    """A TUNING register cap (conv_maxnreg, l1_maxnreg, wgrad_maxnreg) reaches Triton's launch as maxnreg, for its
+    kernels only; a capped kernel is kept apart from the uncapped one (another compile); 0 passes none."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    monkeypatch.setattr(tk, "_FAST_LAUNCH", True)
+    monkeypatch.setattr(tk, "_COMPILED", {})
+    monkeypatch.setattr(tk, "_device_index", lambda: 0)
+    conv, other = _FakeJit(), _FakeJit()
+    conv.__name__ = "_conv_kernel"
+    buf = torch.zeros(64)
+
+    def launch(fn, regs):
+        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "conv_maxnreg": regs})
+        fn.log.clear()
+        tk._launch(fn, (1, 1), (buf, 32), 1, C=96, BLOCK=32)
+        return fn.log[0]
+
+    plain = launch(conv, 0)
+    assert plain[0] == "jit" and "maxnreg" not in plain[3]
+    capped = launch(conv, 128)
+    assert capped[0] == "jit" and capped[3]["maxnreg"] == 128 and capped[4] == 1
+    assert launch(conv, 128)[0] == "compiled" and launch(conv, 0)[0] == "compiled"
+    assert "maxnreg" not in launch(other, 128)[3]  # not a capped kernel
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "l1_maxnreg": 136, "wgrad_maxnreg": 0})
+    assert tk.launch_options(tk._level1_kernel, 1) == {"num_warps": 1, "maxnreg": 136}
+    assert tk.launch_options(tk._wgrad_pair_kernel, 2) == {"num_warps": 2}
 
 
 def _low_precision_check(shape, dtype):

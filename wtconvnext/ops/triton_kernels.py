@@ -1128,10 +1128,23 @@ TUNING: dict[str, int] = {
     # 1's walk 1101 against 1268, the pair's levels 1106 against 1372 and base 1173 against 1325; registers 228
     # against 168 (level 1's walk); 37 / 84 s to compile on this CPU against 14 / 29. Not timed yet.
     "wgrad_inner": 0,
+    # conv_maxnreg / l1_maxnreg / wgrad_maxnreg: a register cap per thread (ptxas's maxrregcount, Triton's launch
+    # option maxnreg) for _conv_kernel, _level1_kernel and the weight-gradient walks; 0: the compiler's choice. These
+    # one- and two-warp programs are latency-bound at the occupancy their registers leave (the restructured level-1
+    # kernel above: 185 registers against 168 cost more than its 18 % fewer instructions saved); a cap trades
+    # spills for resident warps. sm_90 bf16, C=96 (benchmarks/sass_stats.py, session 50): the levels' convolution
+    # 168 -> 128 registers with no spill (326 -> 337 instructions a row: 12 -> 16 warps an SM); the base convolution
+    # 150 -> 128 with 13 local loads a row; level 1 on load 168 -> 128 with 48. Not timed yet. Ignored by the
+    # interpreter and on the traced (compiled) path, which launches through Inductor.
+    "conv_maxnreg": 0, "l1_maxnreg": 0, "wgrad_maxnreg": 0,
 }
+# The kernels each register cap applies to.
+_MAXNREG_KEYS = {"_conv_kernel": "conv_maxnreg", "_level1_kernel": "l1_maxnreg", "_wgrad_kernel": "wgrad_maxnreg",
+                 "_wgrad_pair_kernel": "wgrad_maxnreg"}
 # 0 .. the value, not sizes
 _MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "wgrad_inner": 1}
-_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc")  # 0 turns the path off (conv_base_bc: the rule)
+# 0 turns the path off (conv_base_bc: the rule; the register caps: the compiler's choice)
+_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc", "conv_maxnreg", "l1_maxnreg", "wgrad_maxnreg")
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
               "l1_bc")
 
@@ -1155,6 +1168,10 @@ def _tuning_from_env() -> None:
     for key in _POW2_KEYS:
         if key in values and values[key] & (values[key] - 1):
             raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: {key} must be a power of two, got {values[key]}")
+    for key in sorted(set(_MAXNREG_KEYS.values()) & set(values)):
+        if values[key] and not (24 <= values[key] <= 255 and values[key] % 8 == 0):
+            raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: {key} must be 0 or a multiple of 8 in 24 .. 255 "
+                               f"(registers per thread), got {values[key]}")
     TUNING.update(values)
 
 
@@ -1284,26 +1301,40 @@ def traced_launches() -> Iterator[None]:
         _TRACED.on = was
 
 
+def _maxnreg(fn: Any) -> int:
+    """``fn``'s TUNING register cap (0: none)."""
+    key = _MAXNREG_KEYS.get(fn.__name__)
+    return TUNING[key] if key is not None else 0
+
+
+def launch_options(fn: Any, warps: int) -> dict[str, int]:
+    """The Triton launch options of ``fn``: its warps, and its TUNING register cap where one is set."""
+    regs = _maxnreg(fn)
+    return {"num_warps": warps, "maxnreg": regs} if regs else {"num_warps": warps}
+
+
 def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object) -> None:
-    """``fn[grid](*args, **consts, num_warps=warps)``: runtime arguments positional (the kernel's leading
-    parameters: tensors, ints or None), constexprs by name (those left out take the kernel's defaults)."""
+    """``fn[grid](*args, **consts, **launch_options(fn, warps))``: runtime arguments positional (the kernel's
+    leading parameters: tensors, ints or None), constexprs by name (those left out take the kernel's defaults)."""
     global _FAST_LAUNCH
     consts = launch_consts(fn, len(args), consts)
     if _TRACED.on:
         from torch.library import wrap_triton
 
-        # The channels-last buffers' allocations rather than their views (launch_plan.empty says why).
+        # The channels-last buffers' allocations rather than their views (launch_plan.empty says why). Warps only:
+        # Inductor's launch of a user kernel takes no register cap.
         args = tuple(_plan.base_of(a) if isinstance(a, torch.Tensor) else a for a in args)
         wrap_triton(fn)[grid](*args, **consts, num_warps=warps)
         return
+    opts = launch_options(fn, warps)
     if _COLLECT.launches is not None:
         _COLLECT.launches.append((fn, grid, args, warps, consts))
         return
     rec = _plan.recording()
     if not _FAST_LAUNCH:
-        fn[grid](*args, **consts, num_warps=warps)
+        fn[grid](*args, **consts, **opts)
         if rec is not None:
-            rec.launch(functools.partial(fn[grid], **consts, num_warps=warps), args)
+            rec.launch(functools.partial(fn[grid], **consts, **opts), args)
         return
     key, cvals = kept_key(fn, args, warps, consts, _device_index())
     kernel = _COMPILED.get(key)
@@ -1312,11 +1343,11 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
             pending = _PENDING.pop(key, None)
             if pending is not None:  # compiled ahead (maybe still compiling): Triton's launch then finds it
                 pending.wait()
-        kernel = fn[grid](*args, **consts, num_warps=warps)
+        kernel = fn[grid](*args, **consts, **opts)
         if not all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata", "__getitem__")):
             _FAST_LAUNCH = False  # a Triton whose launch returns something else: stay on its path
             if rec is not None:
-                rec.launch(functools.partial(fn[grid], **consts, num_warps=warps), args)
+                rec.launch(functools.partial(fn[grid], **consts, **opts), args)
             return
         if len(_COMPILED) < _MAX_KEPT:
             _COMPILED[key] = kernel
@@ -1364,7 +1395,8 @@ def kept_key(fn: Any, args: tuple, warps: int, consts: dict[str, object], device
     ``consts`` as :func:`launch_consts` gives them."""
     cvals = tuple(consts.values())
     # A pointer's low four bits: zero for 16-byte aligned (what Triton specialises on), else kept (a finer key).
-    key = (id(fn), device, warps, cvals, *[(a.dtype, a.data_ptr() & 15) if isinstance(a, Tensor) else a
+    # A register cap is another compile.
+    key = (id(fn), device, warps, _maxnreg(fn), cvals, *[(a.dtype, a.data_ptr() & 15) if isinstance(a, Tensor) else a
                                           for a in args])
     return key, cvals
 
