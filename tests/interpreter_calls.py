@@ -11,13 +11,21 @@ this, the same output bit for bit).
 globals see), and a device call whose globals see only those skips the walk; one that sees another (``tl.core``
 from ``triton.language.standard``) patches as before, once per launch. Patching is the interpreter's own code, so
 what runs is unchanged; only repeated walks are skipped. Test infrastructure only: the package never patches Triton.
+
+``programs_reversed()``: within it, every launch runs its programs in reverse grid order, so that a result that
+depends on the order of a launch's programs (one reading what another wrote) changes (tests/test_ops_triton.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import textwrap
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Optional
+
+_STATE = threading.local()  # .patched: ids of the modules the running launch has patched, else None; .reverse
+_REVERSED: list[Callable[..., Any]] = []  # the interpreter's launch with its grid loops reversed, if install() made it
 
 
 def install() -> bool:
@@ -41,7 +49,7 @@ def install() -> bool:
     if not all(part in body for part in ("_patch_lang(self.fn)", "fn = self.rewrite()", "InterpreterError(repr(e))")):
         return False
 
-    state = threading.local()  # .patched: ids of the modules the running launch has patched, else None
+    state = _STATE
     langs_of: dict[Callable[..., Any], frozenset[int]] = {}
 
     def langs(fn: Callable[..., Any]) -> frozenset[int]:
@@ -53,12 +61,15 @@ def install() -> bool:
         return got
 
     launch = grid_cls.__call__
+    rev = _reversed_launch(launch, ti)
+    if rev is not None:
+        _REVERSED.append(rev)
 
     def grid_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         prev = getattr(state, "patched", None)
         state.patched = set(langs(self.fn))
         try:
-            return launch(self, *args, **kwargs)
+            return (rev if rev is not None and getattr(state, "reverse", False) else launch)(self, *args, **kwargs)
         finally:
             state.patched = prev
 
@@ -80,3 +91,34 @@ def install() -> bool:
     grid_cls.__call__ = grid_call
     fn_cls.__call__ = device_call
     return True
+
+
+def _reversed_launch(launch: Callable[..., Any], ti: Any) -> Optional[Callable[..., Any]]:
+    """The interpreter's launch (``GridExecutor.__call__``, triton 3.8's shape) with its three grid loops run from the
+    last index down, compiled in the interpreter module's namespace; None where the source is shaped otherwise."""
+    try:
+        src = textwrap.dedent(inspect.getsource(launch))
+    except (OSError, TypeError):
+        return None
+    loops = [f"for {v} in range(grid[{i}]):" for i, v in enumerate("xyz")]
+    if not src.startswith("def __call__") or not all(src.count(loop) == 1 for loop in loops):
+        return None
+    for i, (v, loop) in enumerate(zip("xyz", loops)):
+        src = src.replace(loop, f"for {v} in reversed(range(grid[{i}])):")
+    namespace = dict(vars(ti))
+    exec(compile(src, f"<reversed {launch.__qualname__}>", "exec"), namespace)
+    return namespace["__call__"]
+
+
+@contextlib.contextmanager
+def programs_reversed() -> Iterator[None]:
+    """Within: every interpreted launch runs its programs in reverse grid order. RuntimeError where install() could
+    not rewrite this Triton's launch."""
+    if not _REVERSED:
+        raise RuntimeError("this Triton's interpreter launch could not be rewritten to reverse its grid")
+    prev = getattr(_STATE, "reverse", False)
+    _STATE.reverse = True
+    try:
+        yield
+    finally:
+        _STATE.reverse = prev
