@@ -110,10 +110,14 @@ def _reversed_launch(launch: Callable[..., Any], ti: Any) -> Optional[Callable[.
     return namespace["__call__"]
 
 
+def can_reverse() -> bool:
+    """Whether install() could rewrite this Triton's interpreter launch for :func:`programs_reversed`."""
+    return bool(_REVERSED)
+
+
 @contextlib.contextmanager
 def programs_reversed() -> Iterator[None]:
-    """Within: every interpreted launch runs its programs in reverse grid order. RuntimeError where install() could
-    not rewrite this Triton's launch."""
+    """Within: every interpreted launch runs its programs in reverse grid order (see :func:`can_reverse`)."""
     if not _REVERSED:
         raise RuntimeError("this Triton's interpreter launch could not be rewritten to reverse its grid")
     prev = getattr(_STATE, "reverse", False)

@@ -916,9 +916,12 @@ def test_program_order_changes_no_bit(small_max, dtype, shape, monkeypatch):
     order: no program reads what another of its launch writes (the in-place passes' premise). The interpreter runs
     programs one at a time, so this is the order dependence a GPU's concurrent programs could expose that the
     other tests cannot see."""
-    from interpreter_calls import programs_reversed
+    from interpreter_calls import can_reverse, programs_reversed
 
     from wtconvnext.ops import triton_kernels as tk
+
+    if not can_reverse():  # (a Triton whose interpreter launch is shaped otherwise than 3.8's; CI runs 3.8)
+        pytest.skip("this Triton's interpreter launch could not be rewritten to reverse its grid")
 
     b, c, h, w, k, levels, stride, bias = shape
     monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max})
@@ -929,12 +932,9 @@ def test_program_order_changes_no_bit(small_max, dtype, shape, monkeypatch):
     want = _run(x, params, stride, "triton")[0]  # (the same dy: a fixed seed)
     assert ("_level1_kernel" in names) == (not small_max) and ("_small_kernel" in names) == bool(small_max), names
     last = torch.zeros(1, dtype=torch.int32)
-    try:
-        with programs_reversed():
-            got = _run(x, params, stride, "triton")[0]
-            _last_program[(4, 3)](last)
-    except RuntimeError as e:
-        pytest.skip(str(e))
+    with programs_reversed():
+        got = _run(x, params, stride, "triton")[0]
+        _last_program[(4, 3)](last)
     assert int(last) == 0  # the reversal took effect: program (0, 0) ran last
     for name, a, e in zip([n for n in NAMES if bias or n != "dbias"], got, want):
         assert torch.equal(a, e), (name, _bits_differ(a, e))

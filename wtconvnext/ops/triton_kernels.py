@@ -1326,12 +1326,12 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
         args = tuple(_plan.base_of(a) if isinstance(a, torch.Tensor) else a for a in args)
         wrap_triton(fn)[grid](*args, **consts, num_warps=warps)
         return
-    opts = launch_options(fn, warps)
     if _COLLECT.launches is not None:
         _COLLECT.launches.append((fn, grid, args, warps, consts))
         return
     rec = _plan.recording()
     if not _FAST_LAUNCH:
+        opts = launch_options(fn, warps)
         fn[grid](*args, **consts, **opts)
         if rec is not None:
             rec.launch(functools.partial(fn[grid], **consts, **opts), args)
@@ -1343,6 +1343,7 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
             pending = _PENDING.pop(key, None)
             if pending is not None:  # compiled ahead (maybe still compiling): Triton's launch then finds it
                 pending.wait()
+        opts = launch_options(fn, warps)  # (Triton's launch compiles or finds the kernel: not per kept launch)
         kernel = fn[grid](*args, **consts, **opts)
         if not all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata", "__getitem__")):
             _FAST_LAUNCH = False  # a Triton whose launch returns something else: stay on its path
@@ -1396,8 +1397,8 @@ def kept_key(fn: Any, args: tuple, warps: int, consts: dict[str, object], device
     cvals = tuple(consts.values())
     # A pointer's low four bits: zero for 16-byte aligned (what Triton specialises on), else kept (a finer key).
     # A register cap is another compile.
-    key = (id(fn), device, warps, _maxnreg(fn), cvals, *[(a.dtype, a.data_ptr() & 15) if isinstance(a, Tensor) else a
-                                          for a in args])
+    key = (id(fn), device, warps, _maxnreg(fn), cvals,
+           *[(a.dtype, a.data_ptr() & 15) if isinstance(a, Tensor) else a for a in args])
     return key, cvals
 
 
