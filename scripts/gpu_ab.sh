@@ -114,21 +114,19 @@ if [[ "$what" == *unroll* ]]; then
   step 90 unroll_test.txt "$py" -m pytest -q -rs --tb=short tests/test_ops_triton.py -k "loop_variants"
 fi
 if [[ "$what" == *maxnreg* ]]; then
-  # Register caps (TUNING conv_maxnreg / l1_maxnreg / wgrad_maxnreg, session 50): session 50 timed 185 registers
-  # against 168 in the level-1 kernel at 0.384 against 0.307 ms, so occupancy, not instructions, may bound these
-  # one- and two-warp programs. sm_90 bf16 C=96 (benchmarks/sass_stats.py): the levels' and input-gradient
-  # convolutions fit 128 without spills (12 -> 16 warps an SM), the base convolution 150 -> 128 with 13 local loads
-  # a row; level 1 on load at 144 (14 warps) with 27 a row; the pair walk 230 -> 168 registers (2 warps a program).
-  # Each against the default and cuDNN, bf16 B=128, at MAXNREG_SHAPES (default 56^2 and 28^2), one process, after
-  # their compiles (MAXNREG_WARM seconds, default 300), then the default's and the best guess's per-kernel profiles.
-  mvars="${MAXNREG_VARIANTS:-conv_maxnreg=128 l1_maxnreg=144 wgrad_maxnreg=168 conv_maxnreg=128,l1_maxnreg=144,wgrad_maxnreg=168}"
+  # Register caps (TUNING conv_maxnreg / l1_maxnreg / wgrad_maxnreg): session 51 (H100) timed wgrad_maxnreg 168
+  # (the pair walk 230 -> 168 registers) at 1.422 against 1.466 ms f+b at 56^2, now the default; the convolutions
+  # at 128 and level 1 at 144 registers lost 3-10 % (results/h200/maxnreg.txt). Each variant against the default
+  # and cuDNN, bf16 B=128, at MAXNREG_SHAPES (default 56^2 and 28^2), one process, after their compiles
+  # (MAXNREG_WARM seconds, default 300), then the per-kernel profiles of the default and of MAXNREG_PROFILE.
+  mvars="${MAXNREG_VARIANTS:-wgrad_maxnreg=0 wgrad_maxnreg=152 conv_maxnreg=144}"
   mshapes="${MAXNREG_SHAPES:-0 1}"
   step "${MAXNREG_WARM:-300}" maxnreg_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 \
     --stages $mshapes --modes train --variants $mvars
   step 270 maxnreg_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $mshapes \
     --variants $mvars --impls wtconv_triton_cl $(printf 'wtconv_triton_cl+%s ' $mvars) dw7_cl \
     --out "$out/maxnreg_layer.json"
-  for t in "" conv_maxnreg=128,l1_maxnreg=144,wgrad_maxnreg=168; do
+  for t in "" ${MAXNREG_PROFILE:-wgrad_maxnreg=0}; do
     step 60 "maxnreg_profile_${t:-default}.txt" "$py" benchmarks/profile_layer.py --shapes $mshapes --dtypes bf16 \
       --cl ${t:+--tuning ${t//,/ }}
   done

@@ -1130,13 +1130,16 @@ TUNING: dict[str, int] = {
     "wgrad_inner": 0,
     # conv_maxnreg / l1_maxnreg / wgrad_maxnreg: a register cap per thread (ptxas's maxrregcount, Triton's launch
     # option maxnreg) for _conv_kernel, _level1_kernel and the weight-gradient walks; 0: the compiler's choice. These
-    # one- and two-warp programs are latency-bound at the occupancy their registers leave (the restructured level-1
-    # kernel above: 185 registers against 168 cost more than its 18 % fewer instructions saved); a cap trades
-    # spills for resident warps. sm_90 bf16, C=96 (benchmarks/sass_stats.py, session 50): the levels' convolution
-    # 168 -> 128 registers with no spill (326 -> 337 instructions a row: 12 -> 16 warps an SM); the base convolution
-    # 150 -> 128 with 13 local loads a row; level 1 on load 168 -> 128 with 48. Not timed yet. Ignored by the
-    # interpreter and on the traced (compiled) path, which launches through Inductor.
-    "conv_maxnreg": 0, "l1_maxnreg": 0, "wgrad_maxnreg": 0,
+    # one- and two-warp programs are latency-bound at the occupancy their registers leave; a cap trades spills for
+    # resident warps. sm_90 (benchmarks/sass_stats.py, results/sm90/s50_register_caps.txt): the pair walk 230 -> 168
+    # registers (bf16; fp32 225) with no spill in its main loops (4 -> 6 programs an SM); the levels' convolution 168
+    # -> 128 with none, the base convolution 150 -> 128 and level 1 on load 168 -> 144 with some. H100, bf16, B=128,
+    # f+b wall, one process (results/h200/maxnreg.txt, session 51): wgrad_maxnreg 168 took 56 x 56 from 1.466 to
+    # 1.422 ms and 1.467 to 1.423 in two calls (the pair kernel 0.232 -> 0.204 ms, level 1's walk 0.138 -> 0.123; at
+    # 28 x 28 0.109 -> 0.098 and 0.074 -> 0.070, whose host-bound wall moved both ways); conv_maxnreg 128 made the
+    # layer 5-10 % slower, l1_maxnreg 144 3-4 %. Ignored by the interpreter and on the traced (compiled) path, which
+    # launches through Inductor (a cap changes no arithmetic, only where values wait).
+    "conv_maxnreg": 0, "l1_maxnreg": 0, "wgrad_maxnreg": 168,
 }
 # The kernels each register cap applies to.
 _MAXNREG_KEYS = {"_conv_kernel": "conv_maxnreg", "_level1_kernel": "l1_maxnreg", "_wgrad_kernel": "wgrad_maxnreg",
