@@ -137,7 +137,7 @@ def compile_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, Any],
 
     # (With the kernel's TUNING register cap, as its launches get it.)
     return triton.compile(_sm90_source(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                          options=launch_options(fn, warps))
+                          options=launch_options(fn, warps, constexprs))
 
 
 def _sm90_source(fn: Any, signature: dict[str, str], constexprs: dict[str, Any]) -> Any:

@@ -736,7 +736,8 @@ def test_fast_launch_keys_on_triton_specialization(monkeypatch):
 
 def test_register_cap_reaches_the_launch(monkeypatch):
     """A TUNING register cap (conv_maxnreg, l1_maxnreg, wgrad_maxnreg) reaches Triton's launch as maxnreg, for its
-    kernels only; a capped kernel is kept apart from the uncapped one (another compile); 0 passes none."""
+    kernels only and at K = 5; a capped kernel is kept apart from the uncapped one (another compile); 0 passes
+    none."""
     from wtconvnext.ops import triton_kernels as tk
 
     monkeypatch.setattr(tk, "_FAST_LAUNCH", True)
@@ -744,12 +745,13 @@ def test_register_cap_reaches_the_launch(monkeypatch):
     monkeypatch.setattr(tk, "_device_index", lambda: 0)
     conv, other = _FakeJit(), _FakeJit()
     conv.__name__ = "_conv_kernel"
+    conv.arg_names = other.arg_names = ["x", "n", "C", "K"]
     buf = torch.zeros(64)
 
-    def launch(fn, regs):
+    def launch(fn, regs, k=5):
         monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "conv_maxnreg": regs})
         fn.log.clear()
-        tk._launch(fn, (1, 1), (buf, 32), 1, C=96, BLOCK=32)
+        tk._launch(fn, (1, 1), (buf, 32), 1, C=96, K=k)
         return fn.log[0]
 
     plain = launch(conv, 0)
@@ -758,9 +760,15 @@ def test_register_cap_reaches_the_launch(monkeypatch):
     assert capped[0] == "jit" and capped[3]["maxnreg"] == 128 and capped[4] == 1
     assert launch(conv, 128)[0] == "compiled" and launch(conv, 0)[0] == "compiled"
     assert "maxnreg" not in launch(other, 128)[3]  # not a capped kernel
+    assert launch(conv, 128, k=7)[0] == "jit" and "maxnreg" not in conv.log[0][3]  # not a capped kernel size
     monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "l1_maxnreg": 136, "wgrad_maxnreg": 0})
-    assert tk.launch_options(tk._level1_kernel, 1) == {"num_warps": 1, "maxnreg": 136}
-    assert tk.launch_options(tk._wgrad_pair_kernel, 2) == {"num_warps": 2}
+    assert tk.launch_options(tk._level1_kernel, 1, {"K": 5}) == {"num_warps": 1, "maxnreg": 136}
+    assert tk.launch_options(tk._wgrad_pair_kernel, 2, {"K": 5}) == {"num_warps": 2}
+    # Only K = 5 takes the cap (at K = 7 the walks spill heavily under it, at K = 3 they take more registers).
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "wgrad_maxnreg": 168})
+    assert tk.launch_options(tk._wgrad_kernel, 2, {"K": 5}) == {"num_warps": 2, "maxnreg": 168}
+    assert tk.launch_options(tk._wgrad_kernel, 2, {"K": 7}) == {"num_warps": 2}
+    assert tk.launch_options(tk._wgrad_kernel, 2, {"K": 3}) == {"num_warps": 2}
 
 
 def _low_precision_check(shape, dtype):

@@ -1138,12 +1138,14 @@ TUNING: dict[str, int] = {
     # 1.422 ms and 1.467 to 1.423 in two calls (the pair kernel 0.232 -> 0.204 ms, level 1's walk 0.138 -> 0.123; at
     # 28 x 28 0.109 -> 0.098 and 0.074 -> 0.070, whose host-bound wall moved both ways); conv_maxnreg 128 made the
     # layer 5-10 % slower, l1_maxnreg 144 3-4 %. Ignored by the interpreter and on the traced (compiled) path, which
-    # launches through Inductor (a cap changes no arithmetic, only where values wait).
+    # launches through Inductor (a cap changes no arithmetic, only where values wait), and at K other than 5
+    # (_maxnreg).
     "conv_maxnreg": 0, "l1_maxnreg": 0, "wgrad_maxnreg": 168,
 }
 # The kernels each register cap applies to.
 _MAXNREG_KEYS = {"_conv_kernel": "conv_maxnreg", "_level1_kernel": "l1_maxnreg", "_wgrad_kernel": "wgrad_maxnreg",
                  "_wgrad_pair_kernel": "wgrad_maxnreg"}
+_MAXNREG_K = 5  # the kernel size the caps apply to (_maxnreg)
 # 0 .. the value, not sizes
 _MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "wgrad_inner": 1}
 # 0 turns the path off (conv_base_bc: the rule; the register caps: the compiler's choice)
@@ -1304,20 +1306,26 @@ def traced_launches() -> Iterator[None]:
         _TRACED.on = was
 
 
-def _maxnreg(fn: Any) -> int:
-    """``fn``'s TUNING register cap (0: none)."""
+def _maxnreg(fn: Any, consts: dict[str, object]) -> int:
+    """The TUNING register cap of ``fn`` specialised with ``consts`` (0: none)."""
     key = _MAXNREG_KEYS.get(fn.__name__)
-    return TUNING[key] if key is not None else 0
+    # Only the kernel size the caps were timed at: at K = 7 the pair walk needs 255 registers uncapped and 168 spills
+    # 145-194 values a row in its main loops; at K = 3 it needs 138, and under a cap of 168 ptxas takes 168, leaving
+    # fewer warps resident (results/sm90/s51_wgrad_cap.txt).
+    if key is None or consts.get("K") != _MAXNREG_K:
+        return 0
+    return TUNING[key]
 
 
-def launch_options(fn: Any, warps: int) -> dict[str, int]:
-    """The Triton launch options of ``fn``: its warps, and its TUNING register cap where one is set."""
-    regs = _maxnreg(fn)
+def launch_options(fn: Any, warps: int, consts: dict[str, object]) -> dict[str, int]:
+    """The Triton launch options of ``fn`` specialised with ``consts``: its warps, and its TUNING register cap where
+    one applies."""
+    regs = _maxnreg(fn, consts)
     return {"num_warps": warps, "maxnreg": regs} if regs else {"num_warps": warps}
 
 
 def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object) -> None:
-    """``fn[grid](*args, **consts, **launch_options(fn, warps))``: runtime arguments positional (the kernel's
+    """``fn[grid](*args, **consts, **launch_options(fn, warps, consts))``: runtime arguments positional (the kernel's
     leading parameters: tensors, ints or None), constexprs by name (those left out take the kernel's defaults)."""
     global _FAST_LAUNCH
     consts = launch_consts(fn, len(args), consts)
@@ -1334,7 +1342,7 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
         return
     rec = _plan.recording()
     if not _FAST_LAUNCH:
-        opts = launch_options(fn, warps)
+        opts = launch_options(fn, warps, consts)
         fn[grid](*args, **consts, **opts)
         if rec is not None:
             rec.launch(functools.partial(fn[grid], **consts, **opts), args)
@@ -1346,7 +1354,7 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
             pending = _PENDING.pop(key, None)
             if pending is not None:  # compiled ahead (maybe still compiling): Triton's launch then finds it
                 pending.wait()
-        opts = launch_options(fn, warps)  # (Triton's launch compiles or finds the kernel: not per kept launch)
+        opts = launch_options(fn, warps, consts)  # (Triton's launch compiles or finds the kernel: not per kept launch)
         kernel = fn[grid](*args, **consts, **opts)
         if not all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata", "__getitem__")):
             _FAST_LAUNCH = False  # a Triton whose launch returns something else: stay on its path
@@ -1400,7 +1408,7 @@ def kept_key(fn: Any, args: tuple, warps: int, consts: dict[str, object], device
     cvals = tuple(consts.values())
     # A pointer's low four bits: zero for 16-byte aligned (what Triton specialises on), else kept (a finer key).
     # A register cap is another compile.
-    key = (id(fn), device, warps, _maxnreg(fn), cvals,
+    key = (id(fn), device, warps, _maxnreg(fn, consts), cvals,
            *[(a.dtype, a.data_ptr() & 15) if isinstance(a, Tensor) else a for a in args])
     return key, cvals
 
