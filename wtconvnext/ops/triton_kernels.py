@@ -1137,7 +1137,7 @@ TUNING: dict[str, int] = {
     # f+b wall, one process (results/h200/maxnreg.txt, session 51): wgrad_maxnreg 168 took 56 x 56 from 1.466 to
     # 1.422 ms and 1.467 to 1.423 in two calls (the pair kernel 0.232 -> 0.204 ms, level 1's walk 0.138 -> 0.123; at
     # 28 x 28 0.109 -> 0.098 and 0.074 -> 0.070, whose host-bound wall moved both ways); conv_maxnreg 128 made the
-    # layer 5-10 % slower, l1_maxnreg 144 3-4 %. Ignored by the interpreter and on the traced (compiled) path, which
+    # layer 5-10 % slower, l1_maxnreg 144 3-5 %. Ignored by the interpreter and on the traced (compiled) path, which
     # launches through Inductor (a cap changes no arithmetic, only where values wait), and at K other than 5
     # (_maxnreg).
     "conv_maxnreg": 0, "l1_maxnreg": 0, "wgrad_maxnreg": 168,
