@@ -1,7 +1,7 @@
 """Instruction counts of the fused kernels' inner loops, from their sm_90 machine code, on any machine (no GPU).
 
-    python benchmarks/sass_stats.py [--kernels conv_base wgrad_levels ...] [--channels 96] [--json out.json]
-                                    [--fresh-cache]
+    python benchmarks/sass_stats.py [--kernels conv_base wgrad_levels ...] [--channels 96] [--kernel-size 5]
+                                    [--tuning wgrad_maxnreg=0 ...] [--json out.json] [--fresh-cache]
 
 Compiles each kernel for Hopper in the specialisation the launchers use for a bf16 (or ``--dtype fp32``) layer
 with C channels (today's ``TUNING`` launch shapes, pointers 16-byte aligned as allocations are), disassembles the
@@ -37,7 +37,7 @@ _INSTR = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[.\
 _BRANCH = re.compile(r"BRA\s+`?\((\.L_x_\d+)\)")
 
 
-def _case(name: str, ch: int, dtype: str):
+def _case(name: str, ch: int, dtype: str, k: int = 5):
     import triton.language as tl
 
     from wtconvnext.ops import triton_kernels as tk
@@ -45,6 +45,7 @@ def _case(name: str, ch: int, dtype: str):
     x = "*fp32" if dtype == "fp32" or name.endswith("fp32") else "*bf16"
     f32, i32, fp = "*fp32", "i32", tl.float32
     tun = tk.TUNING
+    tp = tk._pow2(k * k + 1)  # the weight-gradient partials' lanes, as _walk_shape pads them
     levels = 4 if "levels" in name else 0
     cc = 4 * ch if levels else ch
     if name.startswith("small"):  # a small map's whole pass (WTConvNeXt-T stage 3: 14 x 14, 3 levels)
@@ -53,35 +54,35 @@ def _case(name: str, ch: int, dtype: str):
         dx = name == "small_dx"
         sig = dict(x_ptr=x, coef_ptr=x, filt_ptr=x, y_ptr=x, bw_ptr=f32, bb_ptr=f32, lw_ptr=f32, H=i32,
                    W=i32, B=i32)
-        const = dict(C=ch, K=5, LEVELS=3, HM=16, WM=16, BW=tun["small_bw"], BC=tk._block_c(ch, tun["small_bc"]),
+        const = dict(C=ch, K=k, LEVELS=3, HM=16, WM=16, BW=tun["small_bw"], BC=tk._block_c(ch, tun["small_bc"]),
                      CHUNK=tun["small_chunk"], STRIDE=1, HAS_BIAS=not dx, FLIP=dx, HAS_COEF=dx, COMPUTE=fp,
                      SYN1=int(tk._syn1(tun["small_bw"])), SYN_AHEAD=tun["syn1_ahead"])
         return sk._small_kernel, sig, const, tun["small_warps"]
     if name.startswith("level1"):  # level 1's convolutions with its subbands made on load (TUNING l1_onload)
         sig = dict(x_ptr=x, y_ptr=x, w_ptr=f32, H=i32, W=i32)
-        const = dict(C=ch, K=5, BW=tun["l1_bw"], BC=tk._block_c(ch, tun["l1_bc"]), FLIP=name == "level1_dx",
+        const = dict(C=ch, K=k, BW=tun["l1_bw"], BC=tk._block_c(ch, tun["l1_bc"]), FLIP=name == "level1_dx",
                      COMPUTE=fp)
         return tk._level1_kernel, sig, const, tun["l1_warps"]
     if name.startswith(("conv", "dx")):
         sig = dict(x_ptr=x, acc_ptr=x, acc2_ptr=x, y_ptr=x, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32, W=i32, B=i32)
         syn1 = name.endswith("syn1")
-        const = dict(CC=cc, K=5, LEVELS=levels, BW=tun["conv_bw"], BC=tk.conv_block_c(cc, levels), STRIDE=1,
+        const = dict(CC=cc, K=k, LEVELS=levels, BW=tun["conv_bw"], BC=tk.conv_block_c(cc, levels), STRIDE=1,
                      HAS_ACC=not levels, HAS_BIAS=name.startswith("conv_base"), FLIP=name.startswith("dx"), COMPUTE=fp,
                      SYN1=syn1, HAS_ACC2=syn1, SYN_AHEAD=tun["syn1_ahead"] if syn1 else 0)
         return tk._conv_kernel, sig, const, tun["conv_warps"]
     if name == "wgrad_pair":  # the default backward's one weight-gradient launch: base and every level
         sig = dict(x_ptr=x, g_ptr=x, bpart_ptr=f32, cx_ptr=x, cg_ptr=x, lpart_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32,
                    G0=i32, GT=i32, R0=i32)
-        const = dict(C=ch, K=5, TP=32, LEVELS=4, BW=tun["wgrad_bw"], BC0=tk._block_c(ch, tun["wgrad_bc"]),
+        const = dict(C=ch, K=k, TP=tp, LEVELS=4, BW=tun["wgrad_bw"], BC0=tk._block_c(ch, tun["wgrad_bc"]),
                      BC=tk._block_c(4 * ch, tun["wgrad_bc"]), COMPUTE=fp, UNROLL=bool(tun["wgrad_unroll"]),
                      INNER=bool(tun["wgrad_inner"]))
         return tk._wgrad_pair_kernel, sig, const, tun["wgrad_warps"]
     sig = dict(x_ptr=x, g_ptr=x, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     if name == "wgrad_level1":  # level 1's walk over its subbands staged through dx's buffer (level1_partials)
-        const = dict(CC=4 * ch, K=5, TP=32, LEVELS=1, BW=tun["wgrad_bw"], BC=tk._block_c(4 * ch, tun["wgrad_bc"]),
+        const = dict(CC=4 * ch, K=k, TP=tp, LEVELS=1, BW=tun["wgrad_bw"], BC=tk._block_c(4 * ch, tun["wgrad_bc"]),
                      DSUM=False, COMPUTE=fp, UNROLL=bool(tun["wgrad_unroll"]), INNER=bool(tun["wgrad_inner"]))
         return tk._wgrad_kernel, sig, const, tun["wgrad_warps"]
-    const = dict(CC=cc, K=5, TP=32, LEVELS=levels, BW=tun["wgrad_bw"], BC=tk._block_c(cc, tun["wgrad_bc"]),
+    const = dict(CC=cc, K=k, TP=tp, LEVELS=levels, BW=tun["wgrad_bw"], BC=tk._block_c(cc, tun["wgrad_bc"]),
                  DSUM=not levels, COMPUTE=fp, UNROLL=name.endswith("unroll"), INNER=bool(tun["wgrad_inner"]))
     return tk._wgrad_kernel, sig, const, tun["wgrad_warps"]
 
@@ -116,9 +117,9 @@ def loops(sass: str) -> list[dict]:
     return rows
 
 
-def analyse(name: str, ch: int, dtype: str) -> dict:
-    """Compile one kernel for sm_90, disassemble it and count its loops' instructions."""
-    fn, sig, const, warps = _case(name, ch, dtype)
+def analyse(name: str, ch: int, dtype: str, k: int = 5) -> dict:
+    """Compile one kernel for sm_90 (kernel size ``k``), disassemble it and count its loops' instructions."""
+    fn, sig, const, warps = _case(name, ch, dtype, k)
     start = time.perf_counter()
     compiled = compile_sm90(fn, sig, const, warps)
     seconds = time.perf_counter() - start  # a compile's cost only from an empty cache (--fresh-cache)
@@ -131,7 +132,7 @@ def analyse(name: str, ch: int, dtype: str) -> dict:
     rows = loops(sass)
     for lp in rows:  # a warp's FFMA is 32 lanes' multiply-adds
         lp["useful_fma_per_instr"] = 32.0 * lp["ops"].get("FFMA", 0) / lp["instructions"]
-    return dict(kernel=name, channels=ch, dtype=dtype, registers=int(regs.group(1)) if regs else None,
+    return dict(kernel=name, channels=ch, dtype=dtype, kernel_size=k, registers=int(regs.group(1)) if regs else None,
                 compile_s=seconds, constexprs={k: str(v) for k, v in const.items()}, loops=rows)
 
 
@@ -140,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", nargs="+", default=KERNELS, choices=KERNELS)
     ap.add_argument("--channels", type=int, default=96)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--kernel-size", type=int, default=5, choices=[3, 5, 7],
+                    help="K of the specialisations (the register caps apply at K = 5 only: triton_kernels._maxnreg)")
+    ap.add_argument("--tuning", nargs="*", default=[], metavar="KEY=V",
+                    help="TUNING entries for these compiles, e.g. wgrad_maxnreg=0 (launch shapes, caps)")
     ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("--fresh-cache", action="store_true",
                     help="compile into an empty Triton cache, so 'compile s' is each kernel's whole compile time")
@@ -148,11 +153,19 @@ def main(argv: list[str] | None = None) -> int:
         # The interpreter's decorators cannot compile: run again without it.
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         return subprocess.run([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:])], env=env).returncode
+    from wtconvnext.ops import triton_kernels as tk
+
+    for kv in args.tuning:
+        key, _, val = kv.partition("=")
+        if key not in tk.TUNING or not val.lstrip("-").isdigit():
+            ap.error(f"--tuning {kv!r}: expected KEY=INT with KEY one of {sorted(tk.TUNING)}")
+        tk.TUNING[key] = int(val)
     with tempfile.TemporaryDirectory() as cache:
         if args.fresh_cache:
             os.environ["TRITON_CACHE_DIR"] = cache  # read by Triton at each compile
-        rows = [analyse(k, args.channels, args.dtype) for k in args.kernels]
-    print(f"sm_90 SASS, {args.dtype}, C={args.channels}: loop bodies (instructions per iteration of each loop)")
+        rows = [analyse(name, args.channels, args.dtype, args.kernel_size) for name in args.kernels]
+    tuned = f", TUNING {' '.join(args.tuning)}" if args.tuning else ""
+    print(f"sm_90 SASS, {args.dtype}, C={args.channels}, K={args.kernel_size}{tuned}: loop bodies (instructions per iteration of each loop)")
     print("(an outer loop's count includes the bodies of the loops nested in it, named after '>')")
     for r in rows:
         print(f"{r['kernel']:18} {r['registers'] or '?':>4} regs, compiled in {r['compile_s']:6.1f} s")
