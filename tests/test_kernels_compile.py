@@ -155,7 +155,7 @@ def _loop_carries() -> int:
     convolution carries its K - 1 rows of BW accumulators in flight (the newest row starts at zero: a constant,
     folded) and the next input row's NI values (the padding rows below the map, which load nothing, only the
     accumulators); the weight gradient its K x K sums (+ dy's), the K - 1 dy rows a
-    row pairs with, the next dy row and the next x row."""
+    row pairs with, the next dy row and the next x row; level 1 on load its four subbands' K - 1 rows."""
     import re
 
     import triton.language as tl
@@ -189,6 +189,10 @@ def _loop_carries() -> int:
             cases.append((tk._wgrad_kernel, wg, dict(CC=384, K=k, TP=32, LEVELS=4, BW=bw + 3, BC=64, DSUM=dsum,
                                                      COMPUTE=tl.float32, UNROLL=unroll),
                           {sums, sums + k * (bw + 3) + (bw + 3 + k - 1)}))
+        # Level 1 on load: four subbands' K - 1 rows of BW accumulators in flight, nothing else (its loads are
+        # not carried: it loads the row it computes).
+        cases.append((tk._level1_kernel, dict(x_ptr=bf16, y_ptr=bf16, w_ptr=f32, H=i32, W=i32),
+                      dict(C=96, K=k, BW=2, BC=32, FLIP=unroll, COMPUTE=tl.float32), {4 * (k - 1) * 2}))
         for fn, sig, const, want in cases:
             ttir = ttir_sm90(fn, sig, const, 1)  # the IR the check reads, without the minutes of later stages
             got = {m.group(1).count("=") for m in re.finditer(r"scf\.for .*? iter_args\((.*?)\) ->", ttir)}
