@@ -61,7 +61,7 @@ def _case(name: str, ch: int, dtype: str, k: int = 5):
     if name.startswith("level1"):  # level 1's convolutions with its subbands made on load (TUNING l1_onload)
         sig = dict(x_ptr=x, y_ptr=x, w_ptr=f32, H=i32, W=i32)
         const = dict(C=ch, K=k, BW=tun["l1_bw"], BC=tk._block_c(ch, tun["l1_bc"]), FLIP=name == "level1_dx",
-                     COMPUTE=fp, HALF=tun["l1_half"])
+                     COMPUTE=fp)
         return tk._level1_kernel, sig, const, tun["l1_warps"]
     if name.startswith(("conv", "dx")):
         sig = dict(x_ptr=x, acc_ptr=x, acc2_ptr=x, y_ptr=x, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32, W=i32, B=i32)

@@ -95,9 +95,9 @@ def _onload_cases():
     from wtconvnext.ops import triton_kernels as tk
 
     f32, bf16, i32, fp = "*fp32", "*bf16", "i32", tl.float32
-    for k, flip, x, half in ((5, False, bf16, 0), (7, True, bf16, 0), (3, False, "*fp16", 0), (5, True, bf16, 1)):
+    for k, flip, x in ((5, False, bf16), (7, True, bf16), (3, False, "*fp16")):
         yield tk._level1_kernel, dict(x_ptr=x, y_ptr=x, w_ptr=f32, H=i32, W=i32), \
-            dict(C=96, K=k, BW=2, BC=32, FLIP=flip, COMPUTE=fp, HALF=half)
+            dict(C=96, K=k, BW=2, BC=32, FLIP=flip, COMPUTE=fp)
     yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16, src2_ptr=bf16, coef2_ptr=bf16, src_off=i32,
                                     coef_off="i64", H0=i32, W0=i32, B=i32, PATCHES_W=i32, PATCHES=i32), \
         dict(C=96, SRC_PIX=96, NL=4, M=1, BC=32, CHUNK=64, COMPUTE=fp, SKIP1=True)
@@ -155,7 +155,7 @@ def _loop_carries() -> int:
     convolution carries its K - 1 rows of BW accumulators in flight (the newest row starts at zero: a constant,
     folded) and the next input row's NI values (the padding rows below the map, which load nothing, only the
     accumulators); the weight gradient its K x K sums (+ dy's), the K - 1 dy rows a
-    row pairs with, the next dy row and the next x row; level 1 on load its four (l1_half: two) subbands' K - 1 rows."""
+    row pairs with, the next dy row and the next x row; level 1 on load its four subbands' K - 1 rows."""
     import re
 
     import triton.language as tl
@@ -191,10 +191,8 @@ def _loop_carries() -> int:
                           {sums, sums + k * (bw + 3) + (bw + 3 + k - 1)}))
         # Level 1 on load: four subbands' K - 1 rows of BW accumulators in flight, nothing else (its loads are
         # not carried: it loads the row it computes).
-        for half in (0, 1):  # l1_half: two subbands' rows
-            cases.append((tk._level1_kernel, dict(x_ptr=bf16, y_ptr=bf16, w_ptr=f32, H=i32, W=i32),
-                          dict(C=96, K=k, BW=2, BC=32, FLIP=unroll, COMPUTE=tl.float32, HALF=half),
-                          {(4 - 2 * half) * (k - 1) * 2}))
+        cases.append((tk._level1_kernel, dict(x_ptr=bf16, y_ptr=bf16, w_ptr=f32, H=i32, W=i32),
+                      dict(C=96, K=k, BW=2, BC=32, FLIP=unroll, COMPUTE=tl.float32), {4 * (k - 1) * 2}))
         for fn, sig, const, want in cases:
             ttir = ttir_sm90(fn, sig, const, 1)  # the IR the check reads, without the minutes of later stages
             got = {m.group(1).count("=") for m in re.finditer(r"scf\.for .*? iter_args\((.*?)\) ->", ttir)}

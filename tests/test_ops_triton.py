@@ -963,8 +963,7 @@ def test_level1_on_load_changes_no_bit(dtype, shape, imgs, narrow, monkeypatch):
     same order. Level 1's weight gradients staged through the input gradient's buffer, in chunks of half the
     batch's image groups (wgrad_imgs ``imgs``), or below two groups' worth of images all at once, dy's subbands in a
     buffer of their own (fp32-L6: one image); narrow level-1 strips and channel blocks (l1_bw 4, l1_bc 2: masked
-    lanes), each strip's subbands in two programs (l1_half), as well as the default (``narrow``: one case, for the
-    interpreter's time)."""
+    lanes) as well as the default (``narrow``: one case, for the interpreter's time)."""
     from wtconvnext.ops import triton_kernels as tk
 
     b, c, h, w, k, levels, stride, bias = shape
@@ -975,7 +974,7 @@ def test_level1_on_load_changes_no_bit(dtype, shape, imgs, narrow, monkeypatch):
     got, walks = [], []
     tunings = [{"l1_onload": 0}, {"l1_onload": 1}]
     if narrow:
-        tunings.append({"l1_onload": 1, "l1_bw": 4, "l1_bc": 2, "wgrad_pair": 0, "l1_half": 1})
+        tunings.append({"l1_onload": 1, "l1_bw": 4, "l1_bc": 2, "wgrad_pair": 0})
     for tuning in tunings:
         monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, "wgrad_imgs": imgs, **tuning})
         assert tk.onload_applies(x, levels, 1) == bool(tuning["l1_onload"])

@@ -187,7 +187,7 @@ def _level1_kernel(
     w_ptr,  # (L, K, K, 4, C): the folded level kernels (taps-major, then subband); level 1's are used
     H, W,
     C: tl.constexpr, K: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, FLIP: tl.constexpr,
-    COMPUTE: tl.constexpr, HALF: tl.constexpr = 0,
+    COMPUTE: tl.constexpr,
 ):
     """Level 1's K x K convolutions with its subbands made as the input rows load, no coefficient buffer: a
     program walks down BW of level 1's columns, loads the two full-resolution rows under each level-1 row, makes
@@ -195,22 +195,13 @@ def _level1_kernel(
     subbands' rolling row accumulators (_conv_row's multiply-adds, _tap_fmas, in the same order). It writes
     subband s of block (r, j) at pixel (2r + s // 2, 2j + s % 2) of a map of x's shape ('polyphase'), which the
     base convolution (SYN1 == 2) reads a row ahead and overwrites in place: level 1, 3/4 of a coefficient buffer,
-    needs no buffer of its own. FLIP rotates the kernels by 180 degrees (the input-gradient pass). HALF: two
-    programs share a strip, each making two subbands (even programs 0 and 1, odd ones 2 and 3: a polyphase row
-    each) with half the weights and accumulators in registers, the same values bit for bit."""
+    needs no buffer of its own. FLIP rotates the kernels by 180 degrees (the input-gradient pass)."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
-    NS: tl.constexpr = 4 - 2 * HALF  # subbands per program
     h1 = H // 2
     w1 = W // 2
     strips = (w1 + BW - 1) // BW
     pid = tl.program_id(0)
-    half = 0
-    if HALF:  # the two halves of a strip are neighbouring programs: the second reads its rows from L2
-        half = pid % 2
-        pid = pid // 2
-        # half 0 makes a + b and c + d, half 1 a - b and c - d: exact either way (a product with +-1, one rounding).
-        sgn = (1 - 2 * half).to(COMPUTE)
     b = (pid // strips).to(tl.int64)
     j0 = (pid % strips) * BW
     cc = tl.program_id(1) * BC + tl.arange(0, BC)
@@ -218,14 +209,14 @@ def _level1_kernel(
     ty = x_ptr.dtype.element_ty
     wts = ()
     for t in tl.static_range(K * K):
-        for s in tl.static_range(NS):
-            wts = wts + (tl.load(w_ptr + (t * 4 + 2 * half + s) * C + cc, mask=cmask, other=0.0).to(COMPUTE),)
+        for s in tl.static_range(4):
+            wts = wts + (tl.load(w_ptr + (t * 4 + s) * C + cc, mask=cmask, other=0.0).to(COMPUTE),)
     inm, outm = _column_masks(cmask, j0, w1, K, BW, 1)
     rs = tl.cast(W * C, tl.int64)
     xb = x_ptr + b * H * rs + cc
     yb = y_ptr + b * H * rs + cc
     acc = ()
-    for _ in tl.static_range(NS * K * BW):  # subband-major, then row slot, then column
+    for _ in tl.static_range(4 * K * BW):  # subband-major, then row slot, then column
         acc = acc + (tl.zeros((BC,), dtype=COMPUTE),)
     for r in range(0, h1 + PAD):
         o = r - PAD
@@ -237,18 +228,15 @@ def _level1_kernel(
                 bb = tl.load(top + (col + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
                 c = tl.load(top + rs + col * C, mask=inm[i], other=0.0).to(COMPUTE)
                 d = tl.load(top + rs + (col + 1) * C, mask=inm[i], other=0.0).to(COMPUTE)
-                if HALF:
-                    v = _haar_half(a, bb, c, d, sgn, ty, COMPUTE)
-                else:
-                    v = _haar(a, bb, c, d, ty, COMPUTE)  # as _analysis_level stores them
-                for s in tl.static_range(NS):
-                    acc = _tap_fmas(acc, v[s], wts, i, K, BW, FLIP, NS, s)
+                v = _haar(a, bb, c, d, ty, COMPUTE)  # as _analysis_level stores them
+                for s in tl.static_range(4):
+                    acc = _tap_fmas(acc, v[s], wts, i, K, BW, FLIP, 4, s)
         if o >= 0:
-            for s in tl.static_range(NS):
+            for s in tl.static_range(4):
                 for q in tl.static_range(BW):
-                    p = yb + (2 * o + s // 2 + half) * rs + (2 * (j0 + q) + s % 2) * C
+                    p = yb + (2 * o + s // 2) * rs + (2 * (j0 + q) + s % 2) * C
                     tl.store(p, acc[(s * K) * BW + q].to(y_ptr.dtype.element_ty), mask=outm[q])
-        acc = _rotate_rows(acc, K, BW, NS)
+        acc = _rotate_rows(acc, K, BW, 4)
 
 
 @triton.jit
@@ -716,15 +704,6 @@ def _haar(a, b, c, d, ty: tl.constexpr, COMPUTE: tl.constexpr):
 
 
 @triton.jit
-def _haar_half(a, b, c, d, sgn, ty: tl.constexpr, COMPUTE: tl.constexpr):
-    """Two of :func:`_haar`'s subbands, bit for bit: sgn = 1 the first two (LL, top-minus-bottom), sgn = -1 the
-    last two (left-minus-right, diagonal)."""
-    p = a + sgn * b
-    q = c + sgn * d
-    return ((p + q) * 0.5).to(ty).to(COMPUTE), ((p - q) * 0.5).to(ty).to(COMPUTE)
-
-
-@triton.jit
 def _low_pass(src, spix: tl.constexpr, hf, wf, fr, fc, ok, ty: tl.constexpr, COMPUTE: tl.constexpr):
     """Level 1's low-pass at positions (fr, fc) of the (hf, wf) map at ``src`` (pixel stride spix, zero outside),
     rounded to ``ty`` as the analysis stores it, in COMPUTE."""
@@ -1144,10 +1123,6 @@ TUNING: dict[str, int] = {
     # instructions per FFMA) 1.575; _conv_kernel's middle rows unrolled (8-14 % fewer, up to 184 registers) 1.582.
     # All reverted or removed (git 572471a has them).
     "l1_onload": 1, "l1_bw": 2, "l1_bc": 32, "l1_warps": 1,
-    # l1_half = 1: two programs per level-1 strip, each making and convolving two of the four subbands (a polyphase
-    # row of the output each): half the weights (K * K * 2 vectors) and accumulators in registers, the strip's
-    # input rows loaded twice (the second time from L2). Bitwise the same. Not timed yet.
-    "l1_half": 0,
     # wgrad_inner = 1 (with wgrad_unroll): the weight-gradient walks' unrolled rows of strips inside the map, of
     # images in the batch, load without masks (a second copy of that loop). sm_90 bf16, instructions per 5 rows: level
     # 1's walk 1101 against 1268, the pair's levels 1106 against 1372 and base 1173 against 1325; registers 228
@@ -1172,8 +1147,7 @@ _MAXNREG_KEYS = {"_conv_kernel": "conv_maxnreg", "_level1_kernel": "l1_maxnreg",
                  "_wgrad_pair_kernel": "wgrad_maxnreg"}
 _MAXNREG_K = 5  # the kernel size the caps apply to (_maxnreg)
 # 0 .. the value, not sizes
-_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "wgrad_inner": 1,
-              "l1_half": 1}
+_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "wgrad_inner": 1}
 # 0 turns the path off (conv_base_bc: the rule; the register caps: the compiler's choice)
 _ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc", "conv_maxnreg", "l1_maxnreg", "wgrad_maxnreg")
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
@@ -1704,9 +1678,9 @@ def _onload_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor
                      flip, lv0=1)
         _synthesis_launches(x, filt, coef, levels, 2, skip1=True)  # acc_2 last
         acc2 = coef
-    bw, bc, half = TUNING["l1_bw"], _block_c(ch, TUNING["l1_bc"]), TUNING["l1_half"]
-    _launch(_level1_kernel, (bsz * _cdiv(w // 2, bw) * (1 + half), _cdiv(ch, bc)), (x, out, level_w, h, w),
-            TUNING["l1_warps"], C=ch, K=k, BW=bw, BC=bc, FLIP=flip, COMPUTE=_compute_dtype(x.dtype), HALF=half)
+    bw, bc = TUNING["l1_bw"], _block_c(ch, TUNING["l1_bc"])
+    _launch(_level1_kernel, (bsz * _cdiv(w // 2, bw), _cdiv(ch, bc)), (x, out, level_w, h, w), TUNING["l1_warps"],
+            C=ch, K=k, BW=bw, BC=bc, FLIP=flip, COMPUTE=_compute_dtype(x.dtype))
     _conv_launch(x, out, out, base_w, base_w if base_b is None else base_b, h, w, bsz, ch, k, 0, 1, True,
                  base_b is not None, flip, syn1=2, acc2=acc2)
 
