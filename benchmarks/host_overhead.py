@@ -12,7 +12,7 @@ the compiled kernels kept after their first launch ("kept"; ``_launch`` in ``wtc
 with launch plans replayed through Triton's runners ("planned"), calling the launchers directly ("direct") and
 so with the intermediates in one workspace allocation per pass ("workspace"; ``wtconvnext/ops/launch_plan.py``;
 ``host_us`` is the default one of these), replaying each pass's launches as a CUDA graph keyed by its pointers
-("graphs", opt-in ``launch_plan.GRAPHS``), and
+("graphs", ``launch_plan.GRAPHS``, the default since session 52), and
 compiled with static sizes (Inductor's code launches the kernels), in alternating rounds so that drifts of the
 host hit all alike, with cuDNN's depthwise 7x7, eager and compiled, for scale. Prints the median per iteration and
 writes JSON.
@@ -187,7 +187,7 @@ def main(argv=None) -> int:
         default = default_mode()
         times: dict[str, list[float]] = {m: [] for m in (*MODES, "dw7", "shell", "compiled", "dw7_compiled",
                                                          "chain", "dw7_chain", "shell_chain",
-                                                         "graphs_chain")}
+                                                         "workspace_chain", "graphs_chain")}
         try:
             for mode in MODES:  # compile / fill the caches and record the plans outside the timing
                 set_mode(mode)
@@ -195,8 +195,8 @@ def main(argv=None) -> int:
                     wt()
             compiled = {"dw7": dw7, "shell": shell} if args.no_compile else {
                 "dw7": dw7, "shell": shell, "compiled": wt_compiled, "dw7_compiled": dw7_compiled}
-            if n:  # the chain's graphs recorded, seen and captured (graphs_chain below)
-                set_mode("graphs")
+            for mode in ("workspace", "graphs") if n else ():  # the chain's plans recorded, graphs captured
+                set_mode(mode)
                 for _ in range(3):
                     chained["chain"]()
             set_mode(default)
@@ -212,9 +212,12 @@ def main(argv=None) -> int:
                     times[name].append(wall_us(fn, args.iters))
                 for name, fn in chained.items():
                     times[name].append(wall_us(fn, max(args.iters // n, 1)) / n)
-                if n and default != "graphs":  # the opt-in graph mode in a chain, as a model's step would run it
-                    set_mode("graphs")
-                    times["graphs_chain"].append(wall_us(chained["chain"], max(args.iters // n, 1)) / n)
+                for mode in ("workspace", "graphs") if n else ():  # both in a chain, as a model's step runs them
+                    if mode == default:
+                        times[f"{mode}_chain"].append(times["chain"][-1])
+                        continue
+                    set_mode(mode)
+                    times[f"{mode}_chain"].append(wall_us(chained["chain"], max(args.iters // n, 1)) / n)
                     set_mode(default)
             kernels = {}
             if args.kernel_time:
@@ -239,7 +242,7 @@ def main(argv=None) -> int:
                          triton_us=med["triton"], kept_us=med["kept"], planned_us=med["planned"],
                          direct_us=med["direct"], workspace_us=med["workspace"], graphs_us=med["graphs"],
                          dw7_us=med["dw7"], shell_us=med["shell"], shell_chain_us=med["shell_chain"],
-                         graphs_chain_us=med["graphs_chain"],
+                         workspace_chain_us=med["workspace_chain"], graphs_chain_us=med["graphs_chain"],
                          host_us=med[default], default_path=default, compiled_us=med["compiled"],
                          dw7_compiled_us=med["dw7_compiled"], chain=args.chain, chain_us=med["chain"],
                          dw7_chain_us=med["dw7_chain"], **kernels,
@@ -252,7 +255,7 @@ def main(argv=None) -> int:
            f"{'compiled us':>12} "
            f"{'dw7 compiled us':>16} "
            f"{'ratio':>6} {'chain us/layer':>15} {'dw7 chain':>10} {'ratio':>6} {'shell chain':>12} "
-           f"{'graphs chain':>13}")
+           f"{'workspace chain':>16} {'graphs chain':>13}")
     lines = [f"{r['C']:>4}, {r['H']:>3}, {r['levels']:<3} {r['triton_us']:17.1f} {r['kept_us']:16.1f} "
              f"{r['planned_us']:11.1f} {r['direct_us']:10.1f} {r['workspace_us']:13.1f} {r['graphs_us']:10.1f} "
              f"{r['dw7_us']:8.1f} {r['shell_us']:9.1f} "
@@ -260,9 +263,8 @@ def main(argv=None) -> int:
              + (f"{r['compiled_us']:12.1f} {r['dw7_compiled_us']:16.1f} {r['compiled_us'] / r['dw7_compiled_us']:6.2f}"
                 if r["compiled_us"] is not None else f"{'-':>12} {'-':>16} {'-':>6}")
              + (f" {r['chain_us']:15.1f} {r['dw7_chain_us']:10.1f} {r['chain_us'] / r['dw7_chain_us']:6.2f}"
-                f" {r['shell_chain_us']:12.1f} "
-                + (f"{r['graphs_chain_us']:13.1f}" if r["graphs_chain_us"] is not None else f"{'-':>13}")
-                if r["chain_us"] is not None else f" {'-':>15} {'-':>10} {'-':>6} {'-':>12} {'-':>13}")
+                f" {r['shell_chain_us']:12.1f} {r['workspace_chain_us']:16.1f} {r['graphs_chain_us']:13.1f}"
+                if r["chain_us"] is not None else f" {'-':>15} {'-':>10} {'-':>6} {'-':>12} {'-':>16} {'-':>13}")
              for r in rows]
     report(args.out, env, hdr, lines, rows,
            note="median wall per forward + backward, B=1 bf16 channels_last (host-bound); shell: the same autograd "

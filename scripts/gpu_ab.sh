@@ -132,14 +132,14 @@ if [[ "$what" == *maxnreg* ]]; then
   done
 fi
 if [[ "$what" == *planmode* ]]; then
-  # Graph mode (launch_plan.GRAPHS, opt-in; issue 15): its GPU test (the form of session 30's small-map failure is
-  # fixed, never GPU-run), then the host-bound layer rows at 14^2 / 7^2 without and with it, each process against
-  # cuDNN (session 47, B=1 host: 540 / 486 us default, 472 / 421 in graph mode).
+  # Graph mode (launch_plan.GRAPHS, the default since session 52; issue 15): its GPU test, then the host-bound layer
+  # rows at 14^2 / 7^2 without and with it, each process against cuDNN (session 52, B=1 host: 327 / 268 us without
+  # at 56^2 / 7^2, 247 / 237 with).
   step 150 planmode_test.txt "$py" -m pytest -q -rs tests/test_launch_plan.py -k graph_mode
   # Session 49: without warm kernels the first row's compiles spent its 120 s (the 7^2 rows were cut).
   step 150 planmode_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 --stages 2 3 \
     --modes train
-  step 120 planmode_off.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes 2 3 \
+  step 120 planmode_off.txt env WTCONVNEXT_PLAN_GRAPHS=0 "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes 2 3 \
     --impls wtconv_triton_cl dw7_cl --out "$out/planmode_off.json"
   step 120 planmode_on.txt env WTCONVNEXT_PLAN_GRAPHS=1 "$py" benchmarks/bench_layer.py --quick --dtypes bf16 \
     --shapes 2 3 --impls wtconv_triton_cl dw7_cl --out "$out/planmode_on.json"

@@ -955,7 +955,11 @@ def test_program_order_changes_no_bit(small_max, dtype, shape, monkeypatch):
 @pytest.mark.parametrize("dtype, shape, imgs, narrow", [
     (torch.bfloat16, (2, 8, 12, 10, 5, 3, 1, True), 1, False),  # the default strips (the last one partial); one block
     (torch.float32, (1, 3, 12, 16, 3, 6, 1, False), 4, True),  # more levels than the map halves, two analysis launches
-    (torch.float16, (3, 4, 10, 8, 7, 1, 1, True), 1, False),  # one level: no coefficient buffer at all; odd images
+    # One level: no coefficient buffer at all; odd images. K = 7: compiling its kernels for sm_90 took 301 s on the
+    # CPU machine (16 kernels; three weight-gradient walks 124 / 70 / 71 s of it), past gpu_tests.sh's 300 s per
+    # test. Session 49's GPU failure of this case (traceback lost) fits that limit; sessions 51-52 cut it in its
+    # compiles. On a GPU it needs the longer limit.
+    pytest.param(torch.float16, (3, 4, 10, 8, 7, 1, 1, True), 1, False, marks=pytest.mark.timeout(1200)),
 ], ids=["bf16-L3", "fp32-L6", "fp16-L1"])
 def test_level1_on_load_changes_no_bit(dtype, shape, imgs, narrow, monkeypatch):
     """l1_onload = 1 gives the output and every gradient bit for bit as l1_onload = 0 (level 1 analysed into a

@@ -31,8 +31,8 @@ direct launches touch as one workspace per pass (:meth:`_Plan.arena`) rather tha
 ``WTCONVNEXT_PLAN_WORKSPACE=0`` (read at import) or ``WORKSPACE = False`` (read when a plan is recorded; part of a
 plan's key) allocates them one by one.
 
-Graphs (opt-in, an experiment of issue 15 not yet measured on a GPU): ``WTCONVNEXT_PLAN_GRAPHS=1`` (read at import)
-or ``GRAPHS = True`` (read when a plan is recorded; part of a plan's key). A direct replay whose launches are all
+Graphs (on by default where Triton runs on a CUDA GPU; ``WTCONVNEXT_PLAN_GRAPHS=0`` (read at import) or ``GRAPHS =
+False`` (read when a plan is recorded; part of a plan's key) turns them off). A direct replay whose launches are all
 direct makes its allocations and reads its pointers as before, then, instead of its launches, replays a CUDA graph
 of them keyed by those pointers: a training loop's caching allocator hands a layer the same addresses every step, so
 from the second step on a pass is one graph launch instead of 2-12 kernel launches. A key's graph is captured the
@@ -40,7 +40,11 @@ second time the key is seen (one-off keys cost no capture), at most ``_MAX_GRAPH
 that has dropped ``_MAX_GRAPHS`` captures no more, so pointer sets that never settle cost no capture per call).
 While the current stream is itself being captured, nothing is captured or replayed: the launches join that capture.
 Launches deferred to the end of the pass keep their order, so a buffer freed mid-pass and handed to a later
-allocation of the pass is reused in stream order, as before.
+allocation of the pass is reused in stream order, as before. Why on (session 52, H100, ``host_overhead.py``, B=1 bf16
+forward + backward): 246.5 / 237.0 us per call at 56 x 56 / 7 x 7 against 327.3 / 268.2 without, 213.4 / 205.0 us
+per layer in a chain of eight against 269.1 / 214.5; eager WTConvNeXt-T AMP training and inference at 1.01x / 1.00x
+of ConvNeXt-T with graphs and without (GPU-bound at B=128); the GPU tests with graphs on passed (87 of them, none
+failed, the run cut at 84 %).
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ __all__ = ["ENABLED", "DIRECT", "WORKSPACE", "GRAPHS", "empty", "view", "planned
 ENABLED = os.environ.get("WTCONVNEXT_LAUNCH_PLANS", "1") != "0"
 DIRECT = os.environ.get("WTCONVNEXT_DIRECT_LAUNCH", "1") != "0"
 WORKSPACE = os.environ.get("WTCONVNEXT_PLAN_WORKSPACE", "1") != "0"
-GRAPHS = os.environ.get("WTCONVNEXT_PLAN_GRAPHS", "0") == "1"
+GRAPHS = os.environ.get("WTCONVNEXT_PLAN_GRAPHS", "1") != "0"
 # (current stream, whether the launch hooks are idle): set by the kernel module where Triton runs on a GPU.
 _direct_env: Optional[tuple[Callable[[], int], Callable[[], bool]]] = None
 # (capture(launches) -> a graph with .replay(), whether the current stream is being captured): likewise.
