@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["TRITON_CACHE_DIR"] = cache  # read by Triton at each compile
         rows = [analyse(name, args.channels, args.dtype, args.kernel_size) for name in args.kernels]
     tuned = f", TUNING {' '.join(args.tuning)}" if args.tuning else ""
-    print(f"sm_90 SASS, {args.dtype}, C={args.channels}, K={args.kernel_size}{tuned}: loop bodies (instructions per iteration of each loop)")
+    print(f"sm_90 SASS, {args.dtype}, C={args.channels}, K={args.kernel_size}{tuned}: loop bodies "
+          "(instructions per iteration of each loop)")
     print("(an outer loop's count includes the bodies of the loops nested in it, named after '>')")
     for r in rows:
         print(f"{r['kernel']:18} {r['registers'] or '?':>4} regs, compiled in {r['compile_s']:6.1f} s")

@@ -139,8 +139,8 @@ if [[ "$what" == *planmode* ]]; then
   # Session 49: without warm kernels the first row's compiles spent its 120 s (the 7^2 rows were cut).
   step 150 planmode_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 --stages 2 3 \
     --modes train
-  step 120 planmode_off.txt env WTCONVNEXT_PLAN_GRAPHS=0 "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes 2 3 \
-    --impls wtconv_triton_cl dw7_cl --out "$out/planmode_off.json"
+  step 120 planmode_off.txt env WTCONVNEXT_PLAN_GRAPHS=0 "$py" benchmarks/bench_layer.py --quick --dtypes bf16 \
+    --shapes 2 3 --impls wtconv_triton_cl dw7_cl --out "$out/planmode_off.json"
   step 120 planmode_on.txt env WTCONVNEXT_PLAN_GRAPHS=1 "$py" benchmarks/bench_layer.py --quick --dtypes bf16 \
     --shapes 2 3 --impls wtconv_triton_cl dw7_cl --out "$out/planmode_on.json"
 fi

@@ -185,10 +185,10 @@ def test_direct_replay_calls_the_launchers_with_pointers(monkeypatch):
 
 
 def test_graph_mode_replays_a_captured_graph_per_pointer_set(monkeypatch):
-    """GRAPHS (the default on a GPU): a direct replay launches as usual the first time its pointers are seen, captures a graph of
-    its launches the second time and replays it (once) then and every later time; other pointers launch again, a
-    stream being captured never captures, at most _MAX_GRAPHS graphs are kept per plan, and a plan that has dropped
-    _MAX_GRAPHS of them captures no more."""
+    """GRAPHS (the default on a GPU): a direct replay launches as usual the first time its pointers are seen,
+    captures a graph of its launches the second time and replays it (once) then and every later time; other pointers
+    launch again, a stream being captured never captures, at most _MAX_GRAPHS graphs are kept per plan, and a plan
+    that has dropped _MAX_GRAPHS of them captures no more."""
     calls: list = []
     capturing = [False]
     monkeypatch.setattr(launch_plan, "_direct_env", (lambda: 5, lambda: True))
@@ -397,8 +397,8 @@ def test_replay_is_bitwise_the_ordinary_path(h, w, levels, stride, bias, small_m
 @_ON_GPU
 @pytest.mark.parametrize("small_max", [0, 16], ids=["multi-launch", "small-map"])
 def test_graph_mode_is_bitwise_the_ordinary_path(small_max, monkeypatch):
-    """GRAPHS (the default on a GPU): passes whose pointers repeat are replayed as CUDA graphs of their launches, with the
-    ordinary path's bits, forward and backward."""
+    """GRAPHS (the default on a GPU): passes whose pointers repeat are replayed as CUDA graphs of their launches,
+    with the ordinary path's bits, forward and backward."""
     from wtconvnext.ops import triton_kernels as tk
 
     monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": small_max})
