@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import DTYPES, SHAPES, _bench  # noqa: E402
-from benchmarks.common import gpu_env, with_entries, write_json, wtconv_inputs  # noqa: E402
+from benchmarks.common import gpu_env, tuning_entries, with_entries, write_json, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import triton_kernels as current  # noqa: E402
 
 
@@ -110,17 +110,6 @@ def _parts(mod: ModuleType, x, dy, params, k: int, levels: int):
 PARTS = ("fwd", "dx", "wgrad", "bwd")
 
 
-def _tuning_overrides(ap: argparse.ArgumentParser, items: list[str]) -> dict[str, int]:
-    """``KEY=VALUE`` items as TUNING entries (known keys, integer values), or a usage error naming the bad one."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or key not in current.TUNING or not value.lstrip("-").isdigit():
-            ap.error(f"--tuning {item!r}: expected KEY=INTEGER with KEY one of {sorted(current.TUNING)}")
-        out[key] = int(value)
-    return out
-
-
 def _max_rel(a, b) -> float:
     if isinstance(a, (tuple, list)):
         return max(_max_rel(p, q) for p, q in zip(a, b))
@@ -144,7 +133,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if bool(args.baseline) + bool(args.tuning) != 1:
         ap.error("give one of --baseline FILE or --tuning KEY=VALUE ...")
-    overrides = _tuning_overrides(ap, args.tuning or [])
+    overrides = tuning_entries(ap, args.tuning or [])
     base = _load(args.baseline) if args.baseline else current
     on_gpu = args.device == "cuda"
     if on_gpu and not torch.cuda.is_available():

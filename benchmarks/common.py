@@ -50,6 +50,20 @@ def wtconv_inputs(
     return x, dy, params
 
 
+def tuning_entries(ap: Any, items: list[str]) -> dict[str, int]:
+    """``--tuning KEY=VALUE`` items as ``triton_kernels.TUNING`` entries (known keys, integer values), or the
+    argument parser's usage error naming the bad one."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in tk.TUNING or not value.lstrip("-").isdigit():
+            ap.error(f"--tuning {item!r}: expected KEY=INTEGER with KEY one of {sorted(tk.TUNING)}")
+        out[key] = int(value)
+    return out
+
+
 def with_entries(fn: Any, table: dict, entries: dict) -> Any:
     """``fn`` run with ``table`` (a tuning dict such as ``triton_kernels.TUNING``) updated by ``entries``, restored
     afterwards."""

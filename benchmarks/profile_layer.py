@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_layer import DTYPES, SHAPES, _cases  # noqa: E402
-from benchmarks.common import device_time_us, wall_us  # noqa: E402
+from benchmarks.common import device_time_us, tuning_entries, wall_us  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 
 
@@ -34,14 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--host", action="store_true", help="also cProfile the host side of fwd + bwd")
     ap.add_argument("--tuning", nargs="*", default=[], metavar="KEY=V", help="TUNING entries for the run")
     args = ap.parse_args(argv)
-    try:
-        entries = {k: int(v) for k, v in (e.split("=") for e in args.tuning)}
-    except ValueError:
-        ap.error(f"--tuning: expected KEY=V with integer values, got {args.tuning}")
-    unknown = sorted(set(entries) - set(tk.TUNING))
-    if unknown:
-        ap.error(f"--tuning: unknown keys {unknown}; the keys are {sorted(tk.TUNING)}")
-    tk.TUNING.update(entries)
+    tk.TUNING.update(tuning_entries(ap, args.tuning))
     from torch.profiler import ProfilerActivity, profile
 
     for si in args.shapes:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import compile_sm90, write_json  # noqa: E402
+from benchmarks.common import compile_sm90, tuning_entries, write_json  # noqa: E402
 
 KERNELS = ["conv_base", "conv_base_syn1", "conv_levels", "dx_base", "small", "small_dx",
            "wgrad_base", "wgrad_levels", "wgrad_levels_unroll", "wgrad_levels_fp32", "wgrad_pair",
@@ -155,11 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.run([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:])], env=env).returncode
     from wtconvnext.ops import triton_kernels as tk
 
-    for kv in args.tuning:
-        key, _, val = kv.partition("=")
-        if key not in tk.TUNING or not val.lstrip("-").isdigit():
-            ap.error(f"--tuning {kv!r}: expected KEY=INT with KEY one of {sorted(tk.TUNING)}")
-        tk.TUNING[key] = int(val)
+    tk.TUNING.update(tuning_entries(ap, args.tuning))
     with tempfile.TemporaryDirectory() as cache:
         if args.fresh_cache:
             os.environ["TRITON_CACHE_DIR"] = cache  # read by Triton at each compile
