@@ -75,7 +75,7 @@ def _case(name: str, ch: int, dtype: str, k: int = 5):
                    G0=i32, GT=i32, R0=i32)
         const = dict(C=ch, K=k, TP=tp, LEVELS=4, BW=tun["wgrad_bw"], BC0=tk._block_c(ch, tun["wgrad_bc"]),
                      BC=tk._block_c(4 * ch, tun["wgrad_bc"]), COMPUTE=fp, UNROLL=bool(tun["wgrad_unroll"]),
-                     INNER=bool(tun["wgrad_inner"]))
+                     INNER=bool(tun["wgrad_inner"]), NARROW=tk._narrow(tun["wgrad_bw"]))
         return tk._wgrad_pair_kernel, sig, const, tun["wgrad_warps"]
     sig = dict(x_ptr=x, g_ptr=x, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     if name == "wgrad_level1":  # level 1's walk over its subbands staged through dx's buffer (level1_partials)
@@ -83,7 +83,8 @@ def _case(name: str, ch: int, dtype: str, k: int = 5):
                      DSUM=False, COMPUTE=fp, UNROLL=bool(tun["wgrad_unroll"]), INNER=bool(tun["wgrad_inner"]))
         return tk._wgrad_kernel, sig, const, tun["wgrad_warps"]
     const = dict(CC=cc, K=k, TP=tp, LEVELS=levels, BW=tun["wgrad_bw"], BC=tk._block_c(cc, tun["wgrad_bc"]),
-                 DSUM=not levels, COMPUTE=fp, UNROLL=name.endswith("unroll"), INNER=bool(tun["wgrad_inner"]))
+                 DSUM=not levels, COMPUTE=fp, UNROLL=name.endswith("unroll"), INNER=bool(tun["wgrad_inner"]),
+                 NARROW=tk._narrow(tun["wgrad_bw"]) if levels else 0)
     return tk._wgrad_kernel, sig, const, tun["wgrad_warps"]
 
 

@@ -2,7 +2,7 @@
 # The kernels' GPU checks, A/Bs and benchmarks (issue 14 on), step by step in device calls of at most 10 minutes.
 #   bash scripts/gpu_ab.sh [OUTDIR] [tests] [abrows] [abtune] [absmall] [layer] [profile] [compiled] [pmodel]
 #                          [graphs] [host] [launch] [pair] [pgrad] [eager] [warm] [parity] [patch] [cmodel]
-#                          [sizes] [dense] [trainbench] [cold] [ahead] [level1] [planmode] [bits] [unroll] [maxnreg]
+#                          [sizes] [dense] [trainbench] [cold] [ahead] [level1] [planmode] [bits] [variants]
 # TCACHE=DIR: Triton's compiled kernels and Inductor's cache are unpacked from DIR first and packed into OUTDIR last
 # (scripts/triton_cache.sh; carry DIR in the next call), so later calls skip the compiles. The parts (binaries only,
 # 15 MiB each) must come back as files of their own: with $OUT set (the device machine) they are copied there, beside
@@ -99,40 +99,29 @@ if [[ "$what" == *level1* ]]; then
     --out "$out/level1_layer.json"
   step 150 level1_test.txt "$py" -m pytest -q -rs tests/gpu/test_gpu.py -k level1_on_load
 fi
-if [[ "$what" == *unroll* ]]; then
-  # The loop variants against the default and cuDNN, bf16 B=128, at UNROLL_SHAPES (default 56^2 and 28^2: the
-  # smaller maps run the one-launch pass, which none of these touch), one process; then their bitwise tests.
-  # Session 50 (H100, 56^2, f+b against dw7's 1.342 ms): session 49's level-1 kernel (fewer instructions, more
-  # registers) 1.540 against cb1b9f4's 1.463 (session 49), its unrolled / mask-free variants 1.530-1.575, the
-  # convolutions' unrolled rows 1.582: all reverted or removed. Left to time: wgrad_inner (the walks' mask-free
-  # unrolled rows: 11-19 % fewer sm_90 instructions, level 1's walk 228 registers from 168; the pair 84 s to compile
-  # from 29 on the CPU). Warm-up needs its time: session 50's 200 s compiled 3 of 12 specialisations beside a test.
-  uvars="${UNROLL_VARIANTS:-wgrad_inner=1}"
-  ushapes="${UNROLL_SHAPES:-0 1}"
-  step 200 unroll_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 --stages $ushapes \
-    --modes train --variants $uvars
-  step 270 unroll_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $ushapes \
-    --variants $uvars --impls wtconv_triton_cl $(printf 'wtconv_triton_cl+%s ' $uvars) dw7_cl \
-    --out "$out/unroll_layer.json"
-  step 90 unroll_test.txt "$py" -m pytest -q -rs --tb=short tests/test_ops_triton.py -k "loop_variants"
-fi
-if [[ "$what" == *maxnreg* ]]; then
-  # Register caps (TUNING conv_maxnreg / l1_maxnreg / wgrad_maxnreg): session 51 (H100) timed wgrad_maxnreg 168
-  # (the pair walk 230 -> 168 registers) at 1.422 against 1.466 ms f+b at 56^2, now the default; the convolutions
-  # at 128 and level 1 at 144 registers lost 3-10 % (results/h200/maxnreg.txt). Each variant against the default
-  # and cuDNN, bf16 B=128, at MAXNREG_SHAPES (default 56^2 and 28^2), one process, after their compiles
-  # (MAXNREG_WARM seconds, default 300), then the per-kernel profiles of the default and of MAXNREG_PROFILE.
-  mvars="${MAXNREG_VARIANTS:-wgrad_maxnreg=0 wgrad_maxnreg=152 conv_maxnreg=144}"
-  mshapes="${MAXNREG_SHAPES:-0 1}"
-  step "${MAXNREG_WARM:-300}" maxnreg_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 \
-    --stages $mshapes --modes train --variants $mvars
-  step 270 maxnreg_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $mshapes \
-    --variants $mvars --impls wtconv_triton_cl $(printf 'wtconv_triton_cl+%s ' $mvars) dw7_cl \
-    --out "$out/maxnreg_layer.json"
-  for t in "" ${MAXNREG_PROFILE:-wgrad_maxnreg=0}; do
-    step 60 "maxnreg_profile_${t:-default}.txt" "$py" benchmarks/profile_layer.py --shapes $mshapes --dtypes bf16 \
+if [[ "$what" == *variants* ]]; then
+  # TUNING variants of the layer (loop variants, register caps, strip widths), each against the default and cuDNN,
+  # bf16 B=128, at VARIANT_SHAPES (bench_layer's shape indices, default all four stages), in one process after
+  # their compiles (VARIANT_WARM seconds, default 300: session 50's 200 s compiled 3 of 12 specialisations beside a
+  # test), then per-kernel CUDA time (profile_layer.py) of the default and of each of VARIANT_PROFILE, then their
+  # bitwise tests. VARIANTS: space-separated, each KEY=V[,KEY=V]. Timed before (results/h200/summary.md): session
+  # 50 the level-1 kernel's instruction cuts and unrolled convolution rows (reverted), session 51 the register caps
+  # (wgrad_maxnreg 168 the default since; conv_maxnreg 128 and l1_maxnreg 144 lost 3-10 %), session 52 l1_half
+  # (removed). Untimed: wgrad_narrow (the level walks' narrow strips: 41 % / 16 % fewer multiply-adds in the pair
+  # walk at 7^2 / 14^2), wgrad_inner (the walks' mask-free unrolled rows), wgrad_maxnreg=152.
+  vars="${VARIANTS:-wgrad_narrow=4 wgrad_inner=1 wgrad_maxnreg=152}"
+  vshapes="${VARIANT_SHAPES:-0 1 2 3}"
+  step "${VARIANT_WARM:-300}" variants_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 \
+    --stages $vshapes --modes train --variants $vars
+  step 300 variants_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $vshapes \
+    --variants $vars --impls wtconv_triton_cl $(printf 'wtconv_triton_cl+%s ' $vars) dw7_cl \
+    --out "$out/variants_layer.json"
+  for t in "" ${VARIANT_PROFILE-wgrad_narrow=4}; do
+    step 90 "variants_profile_${t:-default}.txt" "$py" benchmarks/profile_layer.py --shapes $vshapes --dtypes bf16 \
       --cl ${t:+--tuning ${t//,/ }}
   done
+  step 150 variants_test.txt "$py" -m pytest -q -rs --tb=short tests/test_ops_triton.py \
+    -k "loop_variants or narrow_level"
 fi
 if [[ "$what" == *planmode* ]]; then
   # Graph mode (launch_plan.GRAPHS, the default since session 52; issue 15): its GPU test, then the host-bound layer

@@ -51,7 +51,9 @@ def _cases():
     yield tk._wgrad_kernel, wg, dict(CC=96, K=3, TP=16, LEVELS=0, BW=7, BC=32, DSUM=True, COMPUTE=fp, UNROLL=True)
     pair = dict(x_ptr=bf16, g_ptr=bf16, bpart_ptr=f32, cx_ptr=bf16, cg_ptr=bf16, lpart_ptr=f32, H=i32, W=i32, B=i32,
                 IMGS=i32, G0=i32, GT=i32, R0=i32)
-    yield tk._wgrad_pair_kernel, pair, dict(C=96, K=5, TP=32, LEVELS=5, BW=7, BC0=32, BC=64, COMPUTE=fp, UNROLL=True)
+    # (With TUNING wgrad_narrow's strips of 4 and 2 columns for the narrow levels.)
+    yield tk._wgrad_pair_kernel, pair, dict(C=96, K=5, TP=32, LEVELS=5, BW=7, BC0=32, BC=64, COMPUTE=fp, UNROLL=True,
+                                            NARROW=4)
     # Triton specialises an int argument equal to 1 as a constant: every kernel must compile with them all 1.
     one = dict(H0=1, W0=1, B=1, PATCHES_W=1, PATCHES=1)
     yield tk._analysis_kernel, dict(src_ptr=bf16, coef_ptr=bf16, src2_ptr=bf16, coef2_ptr=bf16, src_off=i32,
@@ -155,7 +157,8 @@ def _loop_carries() -> int:
     convolution carries its K - 1 rows of BW accumulators in flight (the newest row starts at zero: a constant,
     folded) and the next input row's NI values (the padding rows below the map, which load nothing, only the
     accumulators); the weight gradient its K x K sums (+ dy's), the K - 1 dy rows a
-    row pairs with, the next dy row and the next x row; level 1 on load its four subbands' K - 1 rows."""
+    row pairs with, the next dy row and the next x row (in each strip width it walks); level 1 on load its four
+    subbands' K - 1 rows."""
     import re
 
     import triton.language as tl
@@ -189,6 +192,13 @@ def _loop_carries() -> int:
             cases.append((tk._wgrad_kernel, wg, dict(CC=384, K=k, TP=32, LEVELS=4, BW=bw + 3, BC=64, DSUM=dsum,
                                                      COMPUTE=tl.float32, UNROLL=unroll),
                           {sums, sums + k * (bw + 3) + (bw + 3 + k - 1)}))
+        # TUNING wgrad_narrow: the level walks' strips of 4 and 2 columns (rolled) beside the full width's. A narrow
+        # strip starts at column 0, so its K // 2 x columns left of the map are constant zeros, not carried.
+        if unroll:
+            cases.append((tk._wgrad_kernel, wg, dict(CC=384, K=k, TP=32, LEVELS=4, BW=7, BC=64, DSUM=False,
+                                                     COMPUTE=tl.float32, UNROLL=True, NARROW=4),
+                          {k * k, k * k + k * 7 + (7 + k - 1),
+                           *(k * k + k * b + (b + k - 1) - k // 2 for b in (4, 2))}))
         # Level 1 on load: four subbands' K - 1 rows of BW accumulators in flight, nothing else (its loads are
         # not carried: it loads the row it computes).
         cases.append((tk._level1_kernel, dict(x_ptr=bf16, y_ptr=bf16, w_ptr=f32, H=i32, W=i32),

@@ -427,6 +427,40 @@ def test_loop_variants_change_no_bit(knob, kernel, key, shape, tuning, monkeypat
         assert torch.equal(a, e), (name, _bits_differ(a, e))
 
 
+@pytest.mark.parametrize("shape, tuning", [
+    # The one-launch pass's backward at 7 x 7 (levels 4 x 4 and 2 x 2: both narrow strips), K = 5.
+    ((2, 3, 7, 7, 5, 2, 1, True), {"small_max": 16}),
+    # Multi-launch, odd and not square: levels 5 x 5 (full strips), 3 x 3 (strips of 4) and 2 x 2 (of 2), K = 7,
+    # the base's and the levels' walks in two launches, images in groups of 3 (the last one short).
+    ((4, 2, 10, 9, 7, 3, 1, False), {"small_max": 0, "wgrad_pair": 0, "wgrad_imgs": 3}),
+    # Level 1 on load (its staged walk runs no narrow strips), levels 2..5: 7 x 8, 4 x 4, 2 x 2 and 1 x 1, K = 3.
+    ((2, 4, 26, 30, 3, 5, 1, True), {"small_max": 0, "l1_onload": 1}),
+], ids=["one-launch-7x7-K5", "multi-launch-odd-K7-two-walks", "level1-on-load-K3"])
+def test_narrow_level_walks_change_no_bit(shape, tuning, monkeypatch):
+    """TUNING wgrad_narrow: levels at most 4 (2) columns wide walked in strips of 4 (2) columns give the output and
+    every gradient bit for bit as strips of wgrad_bw (fp32, no float64 headroom), and the level walks were told."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    b, c, h, w, k, levels, stride, bias = shape
+    params = _params(c, k, levels, bias, torch.float32)
+    x = torch.randn(b, c, h, w, generator=torch.Generator().manual_seed(17)).to(DEVICE)
+    x = x.contiguous(memory_format=torch.channels_last)
+    seen = _spy_consts(monkeypatch, "_wgrad", "LEVELS", "NARROW")
+    got = []
+    for narrow in (0, 4):
+        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, **tuning, "wgrad_narrow": narrow})
+        seen.clear()
+        out, dy = _run(x, params, stride, "triton")  # (the same dy: a fixed seed)
+        got.append(out)
+        # The level walks (LEVELS > 1; level 1's own walk, LEVELS 1, and the base's, 0, pass none).
+        assert {n for lv, n in seen if lv is None or lv > 1} == {narrow}, seen
+    for name, a, e in zip([n for n in NAMES if bias or n != "dbias"], *got):
+        assert torch.equal(a, e), (name, _bits_differ(a, e))
+    ref, _ = _run(x.double(), [p if p is None else p.double() for p in params], stride, "reference", dy.double())
+    for name, r, o in zip([n for n in NAMES if bias or n != "dbias"], ref, got[1]):
+        assert _max_rel(o, r) <= 1e-5, name
+
+
 @pytest.mark.parametrize("small_max", [0, 16], ids=["multi-launch", "one-launch"])
 def test_syn1_ahead_changes_no_bit(small_max, monkeypatch):
     """TUNING syn1_ahead (the base convolution's level-1 values loaded a row ahead, so the first and last rows'
@@ -479,7 +513,7 @@ def _spy_consts(monkeypatch, kernel: str, *keys: str) -> list[tuple]:
 
     def spy(fn, grid, args, warps, **consts):
         if kernel in fn.__name__ and tk._COLLECT.launches is None:
-            seen.append(tuple(consts[k] for k in keys))
+            seen.append(tuple(consts.get(k) for k in keys))  # (None: a launch without it)
         return launch(fn, grid, args, warps, **consts)
 
     monkeypatch.setattr(tk, "_launch", spy)

@@ -503,16 +503,17 @@ def _wgrad_kernel(
     G0, GT,  # the image groups of this launch start at group G0 of a batch of GT groups (the partial rows' layout)
     CC: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
     BC: tl.constexpr, DSUM: tl.constexpr, COMPUTE: tl.constexpr, UNROLL: tl.constexpr,
-    SKIP1: tl.constexpr = False, INNER: tl.constexpr = False,
+    SKIP1: tl.constexpr = False, INNER: tl.constexpr = False, NARROW: tl.constexpr = 0,
 ):
     """d w[ky, kx] = sum over positions of dy(o, n) * x(o + ky - PAD, n + kx - PAD): a program walks the x rows
     of IMGS images for BW columns, keeping the K dy rows an x row pairs with; of one map (LEVELS = 0), or of every
     level's subbands in one launch. DSUM: also the sum of dy (the bias gradient). The B images of a launch may be a
     chunk of a larger batch: each program writes the row it has in the whole batch's launch (level-major, then
     group, then strip), so the partials and their fixed-order sum do not depend on the chunking. SKIP1: the
-    coefficient buffers and the partial rows hold levels 2..L only (the launch runs their programs)."""
+    coefficient buffers and the partial rows hold levels 2..L only (the launch runs their programs). NARROW: see
+    _wgrad_program."""
     _wgrad_program(tl.program_id(0), tl.program_id(1), x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC, K, TP,
-                   LEVELS, BW, BC, DSUM, COMPUTE, UNROLL, SKIP1, INNER)
+                   LEVELS, BW, BC, DSUM, COMPUTE, UNROLL, SKIP1, INNER, NARROW)
 
 
 @triton.jit
@@ -526,6 +527,7 @@ def _wgrad_pair_kernel(
     C: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr,
     BC0: tl.constexpr, BC: tl.constexpr,  # channels per program of the base and of the levels
     COMPUTE: tl.constexpr, UNROLL: tl.constexpr, SKIP1: tl.constexpr = False, INNER: tl.constexpr = False,
+    NARROW: tl.constexpr = 0,
 ):
     """_wgrad_kernel's two launches (the base map, every level's subbands) as one: a launch less per backward.
     Axis 1 runs over the levels' 4C / BC channel blocks; the base's programs past its C / BC0 blocks do nothing.
@@ -541,7 +543,7 @@ def _wgrad_pair_kernel(
     else:
         if cb < NB:
             _wgrad_program(pid - R0, cb, cx_ptr, cg_ptr, lpart_ptr, H, W, B, IMGS, G0, GT, 4 * C, K, TP, LEVELS,
-                           BW, BC, False, COMPUTE, UNROLL, SKIP1, INNER)
+                           BW, BC, False, COMPUTE, UNROLL, SKIP1, INNER, NARROW)
 
 
 # noinline: the paired kernel's two walks stay separate functions, and Triton's TritonGPUCoalesce pass, quadratic
@@ -549,8 +551,12 @@ def _wgrad_pair_kernel(
 @triton.jit(noinline=True)
 def _wgrad_program(pid, cb, x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC: tl.constexpr, K: tl.constexpr,
                    TP: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, DSUM: tl.constexpr,
-                   COMPUTE: tl.constexpr, UNROLL: tl.constexpr, SKIP1: tl.constexpr, INNER: tl.constexpr = False):
-    """Program ``pid`` (of its map or maps) and channel block ``cb`` of _wgrad_kernel."""
+                   COMPUTE: tl.constexpr, UNROLL: tl.constexpr, SKIP1: tl.constexpr, INNER: tl.constexpr = False,
+                   NARROW: tl.constexpr = 0):
+    """Program ``pid`` (of its map or maps) and channel block ``cb`` of _wgrad_kernel. NARROW (2 .. BW - 1; levels
+    only): a level at most NARROW columns wide (one strip) walks a strip of NARROW columns, one at most NARROW // 2
+    wide a strip of NARROW // 2, rolled (TUNING wgrad_narrow): a wider strip's extra columns only add products with
+    dy's zero padding, so the partial row is the same bit for bit."""
     if LEVELS > 0:
         lv, h, w, st, off = _level_of(pid, H, W, B, IMGS, BW, LEVELS, CC, SKIP1)
         local = pid - st
@@ -567,8 +573,20 @@ def _wgrad_program(pid, cb, x_ptr, g_ptr, part_ptr, H, W, B, IMGS, G0, GT, CC: t
     strips = (w + BW - 1) // BW
     row = first + G0 * strips + local
     cc = cb * BC + tl.arange(0, BC)
-    _wgrad_strip(xb0, gb0, part_ptr + row.to(tl.int64) * TP * CC + cc, h, w, (local % strips) * BW,
-                 local // strips, B, IMGS, cc, cc < CC, CC, K, BW, DSUM, COMPUTE, UNROLL, INNER and (CC % BC == 0))
+    dst = part_ptr + row.to(tl.int64) * TP * CC + cc
+    # At most NARROW columns: one strip (n0 = 0, grp = local), its row where the full width's would be.
+    if LEVELS > 0 and NARROW > 1 and NARROW < BW:
+        if w <= NARROW // 2:
+            _wgrad_strip(xb0, gb0, dst, h, w, 0, local, B, IMGS, cc, cc < CC, CC, K, NARROW // 2, DSUM, COMPUTE,
+                         False)
+        elif w <= NARROW:
+            _wgrad_strip(xb0, gb0, dst, h, w, 0, local, B, IMGS, cc, cc < CC, CC, K, NARROW, DSUM, COMPUTE, False)
+        else:
+            _wgrad_strip(xb0, gb0, dst, h, w, (local % strips) * BW, local // strips, B, IMGS, cc, cc < CC, CC, K, BW,
+                         DSUM, COMPUTE, UNROLL, INNER and (CC % BC == 0))
+    else:
+        _wgrad_strip(xb0, gb0, dst, h, w, (local % strips) * BW, local // strips, B, IMGS, cc, cc < CC, CC, K, BW,
+                     DSUM, COMPUTE, UNROLL, INNER and (CC % BC == 0))
 
 
 @triton.jit
@@ -1128,6 +1146,13 @@ TUNING: dict[str, int] = {
     # 1's walk 1101 against 1268, the pair's levels 1106 against 1372 and base 1173 against 1325; registers 228
     # against 168 (level 1's walk); 37 / 84 s to compile on this CPU against 14 / 29. Not timed yet.
     "wgrad_inner": 0,
+    # wgrad_narrow = n (2 .. wgrad_bw - 1): the level walks' programs over a level at most n columns wide walk a
+    # strip of n columns, at most n // 2 wide a strip of n // 2 (rolled), instead of wgrad_bw columns of which the
+    # rest only meet dy's zero padding: the same partial rows bit for bit. A level of 4 columns in strips of 7 spends
+    # 3/7 of its multiply-adds on padding, one of 2 columns 5/7: of the pair walk's (base and levels) at
+    # WTConvNeXt-T's stage shapes 41 % at 7 x 7 (levels 4 x 4 and 2 x 2), 16 % at 14 x 14, 8 % at 28 x 28, 2 % at
+    # 56 x 56. 0: off. Not timed yet.
+    "wgrad_narrow": 0,
     # conv_maxnreg / l1_maxnreg / wgrad_maxnreg: a register cap per thread (ptxas's maxrregcount, Triton's launch
     # option maxnreg) for _conv_kernel, _level1_kernel and the weight-gradient walks; 0: the compiler's choice. These
     # one- and two-warp programs are latency-bound at the occupancy their registers leave; a cap trades spills for
@@ -1149,7 +1174,7 @@ _MAXNREG_K = 5  # the kernel size the caps apply to (_maxnreg)
 # 0 .. the value, not sizes
 _MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "wgrad_inner": 1}
 # 0 turns the path off (conv_base_bc: the rule; the register caps: the compiler's choice)
-_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc", "conv_maxnreg", "l1_maxnreg", "wgrad_maxnreg")
+_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc", "conv_maxnreg", "l1_maxnreg", "wgrad_maxnreg", "wgrad_narrow")
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
               "l1_bc")
 
@@ -1771,6 +1796,12 @@ def _walk_shape(x: Tensor, k: int) -> tuple[int, int, int, int, int, int, Any]:
             _block_c(ch, TUNING["wgrad_bc"]), _block_c(4 * ch, TUNING["wgrad_bc"]), _compute_dtype(x.dtype))
 
 
+def _narrow(bw: int) -> int:
+    """The level walks' NARROW (TUNING wgrad_narrow where it lies in 2 .. bw - 1, else 0: off)."""
+    n = TUNING["wgrad_narrow"]
+    return n if 2 <= n < bw else 0
+
+
 def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Optional[Tensor], k: int,
                     levels: int, parts: Optional[tuple[Tensor, Tensor]] = None, first: int = 0,
                     batch: Optional[int] = None, onload: bool = False) -> tuple[Tensor, Tensor]:
@@ -1814,7 +1845,7 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
              max(_cdiv(ch, bc), _cdiv(4 * ch, lbc))),
             (x, dy, base, coef_x, coef_dy, lev, h, w, bsz, imgs, *spans, r0), warps,
             C=ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC0=bc, BC=lbc, COMPUTE=compute, UNROLL=unroll, SKIP1=skip > 0,
-            INNER=inner,
+            INNER=inner, NARROW=_narrow(bw),
         )
         return base, lev
     _launch(
@@ -1827,7 +1858,7 @@ def weight_partials(x: Tensor, dy: Tensor, coef_x: Optional[Tensor], coef_dy: Op
         _wgrad_kernel, (_level_programs(h, w, levels, bw, _cdiv(bsz, imgs)) - skip, _cdiv(4 * ch, lbc)),
         (coef_x, coef_dy, lev, h, w, bsz, imgs, *spans), warps,
         CC=4 * ch, K=k, TP=tp, LEVELS=levels, BW=bw, BC=lbc, DSUM=False, COMPUTE=compute, UNROLL=unroll,
-        SKIP1=skip > 0, INNER=inner,
+        SKIP1=skip > 0, INNER=inner, NARROW=_narrow(bw),
     )
     return base, lev
 
