@@ -18,8 +18,12 @@ channels_last, in five modes, so that no kernel runs:
   replays its recorded allocations and launches through the kept launchers' runners;
 - ``direct``: as ``planned``, the replay calling the compiled kernels' launchers itself, tensors passed as their data pointers. (The stand-in runner is a bare lambda, cheaper than Triton's, so
   ``planned`` - ``direct`` here understates what the GPU path saves.)
-- ``workspace``: as ``direct``, the intermediates of each pass in one workspace allocation (the default path on a
-  GPU; ``launch_plan.WORKSPACE``).
+- ``workspace``: as ``direct``, the intermediates of each pass in one workspace allocation
+  (``launch_plan.WORKSPACE``; the default path on a GPU before graph mode);
+- ``graphs``: as ``workspace``, in graph mode (``launch_plan.GRAPHS``, the default on a GPU): each pass looks up a
+  graph by its pointers and replays it instead of launching; the graph is a stand-in whose replay does nothing, so
+  this times the work around it (on a GPU the replay itself, ``cudaGraphLaunch``, adds its own microseconds; and
+  where the CPU allocator hands a pass new addresses, the pass misses its graph and calls the stand-in launchers);
 - ``op``: as ``workspace``, through the opaque custom ops that compiled code with dynamic sizes calls per layer:
   forward ``torch.ops.wtconvnext.wtconv2d``, then ``wtconv2d_backward`` (no autograd; bf16 parameters), so the
   difference to ``workspace`` is the ops' dispatch and the backward op's
@@ -63,7 +67,7 @@ from wtconvnext.ops import small_kernels as sk  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
-MODES = ("stub", "kept", "planned", "direct", "workspace", "op")
+MODES = ("stub", "kept", "planned", "direct", "workspace", "graphs", "op")
 STAGES = [(96, 56, 56, 5), (192, 28, 28, 4), (384, 14, 14, 3), (768, 7, 7, 2)]  # C, H, W, levels (WTConvNeXt-T)
 
 
@@ -78,6 +82,14 @@ class _NoOpCompiled:
 
     def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
         return lambda *args: None
+
+
+class _NoOpGraph:
+    """Stands in for a captured CUDA graph (graph mode): its replay does nothing."""
+
+    @staticmethod
+    def replay() -> None:
+        return None
 
 
 class _StandInKernel:
@@ -99,12 +111,16 @@ def no_kernels(mode: str) -> Iterator[None]:
     saved_mods = {mod: dict(vars(mod)) for mod in (tk, sk)}
     saved, const_info = saved_mods[tk], dict(tk._CONSTS)
     plans_on, direct_on, direct_env = launch_plan.ENABLED, launch_plan.DIRECT, launch_plan._direct_env
-    workspace_on = launch_plan.WORKSPACE
+    workspace_on, graphs_on, graph_env = launch_plan.WORKSPACE, launch_plan.GRAPHS, launch_plan._graph_env
     launch_plan.clear()  # plans hold launchers: none may outlive the mode that recorded it
-    launch_plan.ENABLED = mode in ("planned", "direct", "workspace", "op")
-    launch_plan.DIRECT = mode in ("direct", "workspace", "op")
-    launch_plan.WORKSPACE = mode in ("workspace", "op")
+    launch_plan.ENABLED = mode in ("planned", "direct", "workspace", "graphs", "op")
+    launch_plan.DIRECT = mode in ("direct", "workspace", "graphs", "op")
+    launch_plan.WORKSPACE = mode in ("workspace", "graphs", "op")
     launch_plan._direct_env = (lambda: 0, lambda: True)  # the stand-in stream; no launch hooks
+    # Graph mode: a capture that returns a graph whose replay does nothing (the stand-in launchers do nothing
+    # either), and no stream is ever being captured.
+    launch_plan.GRAPHS = mode == "graphs"
+    launch_plan._graph_env = (lambda launches: _NoOpGraph(), lambda: False)
     try:
         if mode == "stub":
             tk._launch = lambda *args, **kwargs: None
@@ -129,7 +145,7 @@ def no_kernels(mode: str) -> Iterator[None]:
         tk._CONSTS.update(const_info)
         launch_plan.clear()
         launch_plan.ENABLED, launch_plan.DIRECT, launch_plan._direct_env = plans_on, direct_on, direct_env
-        launch_plan.WORKSPACE = workspace_on
+        launch_plan.WORKSPACE, launch_plan.GRAPHS, launch_plan._graph_env = workspace_on, graphs_on, graph_env
 
 
 def sample_ns(fn: Callable[[], object], iters: int) -> list[int]:

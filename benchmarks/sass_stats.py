@@ -56,7 +56,8 @@ def _case(name: str, ch: int, dtype: str, k: int = 5):
                    W=i32, B=i32)
         const = dict(C=ch, K=k, LEVELS=3, HM=16, WM=16, BW=tun["small_bw"], BC=tk._block_c(ch, tun["small_bc"]),
                      CHUNK=tun["small_chunk"], STRIDE=1, HAS_BIAS=not dx, FLIP=dx, HAS_COEF=dx, COMPUTE=fp,
-                     SYN1=int(tk._syn1(tun["small_bw"])), SYN_AHEAD=tun["syn1_ahead"])
+                     SYN1=int(tk._syn1(tun["small_bw"])), SYN_AHEAD=tun["syn1_ahead"],
+                     NARROW=bool(tun["small_narrow"]) and tun["small_bw"] % 4 == 0)
         return sk._small_kernel, sig, const, tun["small_warps"]
     if name.startswith("level1"):  # level 1's convolutions with its subbands made on load (TUNING l1_onload)
         sig = dict(x_ptr=x, y_ptr=x, w_ptr=f32, H=i32, W=i32)

@@ -155,13 +155,13 @@ def test_host_cpu_times_every_mode_on_a_tiny_shape(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = json.loads(out.read_text())["rows"]
-    assert [r["mode"] for r in rows] == ["stub", "kept", "planned", "direct", "workspace", "op"]
+    assert [r["mode"] for r in rows] == ["stub", "kept", "planned", "direct", "workspace", "graphs", "op"]
     # Per layer of a chain of 8 with one backward: the modes with autograd (not the ops' calls).
-    assert all(r["chain"] == 8 and r["chain_us"] > 0 for r in rows[:5]) and rows[5]["chain_us"] is None
+    assert all(r["chain"] == 8 and r["chain_us"] > 0 for r in rows[:6]) and rows[6]["chain_us"] is None
     for r in rows:
         assert (r["C"], r["H"], r["levels"], r["iters"]) == (8, 9, 2, 20)
         assert 0 < r["fwd_us"] < r["fwd_bwd_us"], r
-    assert "fwd+bwd us" in proc.stdout and proc.stdout.count("8,   9, 2") == 6
+    assert "fwd+bwd us" in proc.stdout and proc.stdout.count("8,   9, 2") == 7
 
 
 def test_peak_cpu_counts_the_layers_allocations(tmp_path: Path) -> None:

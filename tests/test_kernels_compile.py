@@ -130,7 +130,8 @@ def _small_cases():
                                               (7, 2, 8, 1, False, 0), (5, 2, 8, 1, True, 2)):
         yield sk._small_kernel, dict(**ptrs, H=i32, W=i32, B=i32), dict(
             C=384, K=k, LEVELS=levels, HM=hm, WM=hm, BW=4, BC=32, CHUNK=16, STRIDE=stride, HAS_BIAS=fwd,
-            FLIP=not fwd, HAS_COEF=not fwd, COMPUTE=tl.float32, SYN1=int(levels != 4), SYN_AHEAD=ahead)
+            FLIP=not fwd, HAS_COEF=not fwd, COMPUTE=tl.float32, SYN1=int(levels != 4), SYN_AHEAD=ahead,
+            NARROW=hm == 8)  # (TUNING small_narrow)
     for ahead in (0, 1):
         yield sk._small_kernel, dict(**ptrs), dict(H=1, W=1, B=1, C=96, K=5, LEVELS=2, HM=1, WM=1, BW=4, BC=32,
                                                    CHUNK=16, STRIDE=1, HAS_BIAS=True, FLIP=False, HAS_COEF=False,
@@ -172,7 +173,8 @@ def _loop_carries() -> int:
     wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     failed = 0
     # (The syn1_ahead cases: HAS_ACC2 with the unrolled ones.)
-    for k, bw, unroll in ((5, 4, False), (5, 4, True), (3, 6, True)):
+    # (Strips of 2 columns: TUNING small_narrow's last strips in the one-launch pass, the same _conv_strip.)
+    for k, bw, unroll in ((5, 4, False), (5, 4, True), (3, 6, True), (5, 2, False)):
         ni = bw + k - 1
         cases = [
             (tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=bw, BC=32, STRIDE=1, HAS_ACC=True, HAS_BIAS=True,

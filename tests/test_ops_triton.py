@@ -406,7 +406,12 @@ _WALK = {"wgrad_imgs": 4, "wgrad_unroll": 1}
     # images in the batch (3 in groups of 4: the fourth is not), without masks; stored and staged level 1.
     ("wgrad_inner", "_wgrad", "INNER", (3, 4, 10, 32, 3, 2, 1, True), {**_WALK, "l1_onload": 0}),
     ("wgrad_inner", "_wgrad", "INNER", (3, 4, 10, 32, 3, 2, 1, True), {**_WALK, "l1_onload": 1}),
-], ids=["wgrad-stored-level1", "wgrad-level1-on-load"])
+    # small_narrow: the one-launch pass's last strips of at most 2 columns (forward and input gradient): the 14 x 14
+    # base's fourth strip and level 3 (2 x 2), K = 5; a strided 6 x 10 map (base strips 4, 4, 2; level 1 5 wide:
+    # 4 + 1) with K = 7.
+    ("small_narrow", "_small", "NARROW", (2, 3, 14, 14, 5, 3, 1, True), {"small_max": 16}),
+    ("small_narrow", "_small", "NARROW", (1, 2, 6, 10, 7, 2, 2, False), {"small_max": 16}),
+], ids=["wgrad-stored-level1", "wgrad-level1-on-load", "small-14x14-K5", "small-strided-K7"])
 def test_loop_variants_change_no_bit(knob, kernel, key, shape, tuning, monkeypatch):
     """A TUNING loop variant of the multi-launch kernels gives the output and every gradient bit for bit as the
     default loop (fp32: no float64 headroom to hide a changed sum), and the launches say which ran."""

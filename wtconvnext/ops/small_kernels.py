@@ -85,9 +85,10 @@ def _image_analysis(src_ptr, coef_ptr, H, W, B, b, cb, C: tl.constexpr, LEVELS: 
 @triton.jit(noinline=True)
 def _image_level_convs(coef_ptr, filt_ptr, lw_ptr, H, W, B, b, cb, C: tl.constexpr, K: tl.constexpr,
                        LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, FLIP: tl.constexpr,
-                       COMPUTE: tl.constexpr):
+                       COMPUTE: tl.constexpr, NARROW: tl.constexpr = False):
     """Every level's depthwise convolutions of image b, channel block cb: subband by subband, strip by strip (one
-    code copy: a loop), from the coefficients in ``coef_ptr`` into the filtered subbands at ``filt_ptr``."""
+    code copy: a loop), from the coefficients in ``coef_ptr`` into the filtered subbands at ``filt_ptr``. NARROW
+    (TUNING small_narrow): a last strip of at most BW / 2 columns walks BW / 2 (a second code copy)."""
     c1 = cb * BC + tl.arange(0, BC)
     cm1 = c1 < C
     zbias = tl.zeros((BC,), dtype=COMPUTE)
@@ -104,8 +105,12 @@ def _image_level_convs(coef_ptr, filt_ptr, lw_ptr, H, W, B, b, cb, C: tl.constex
             wts = _conv_weights(lw_ptr + lv * (K * K * 4 * C), cc, cm1, 4 * C, K, COMPUTE)
             for n0 in range(0, wl, BW):
                 xb = coef_ptr + img + n0 * (4 * C) + cc
-                _conv_strip(xb, xb, filt_ptr + img + cc, rs, rs, hl, wl, n0, cm1, wts, zbias, xb, xb, rs,
-                            4 * C, K, BW, 1, False, False, FLIP, COMPUTE, False, False, 0)
+                if NARROW and wl - n0 <= BW // 2:
+                    _conv_strip(xb, xb, filt_ptr + img + cc, rs, rs, hl, wl, n0, cm1, wts, zbias, xb, xb, rs,
+                                4 * C, K, BW // 2, 1, False, False, FLIP, COMPUTE, False, False, 0)
+                else:
+                    _conv_strip(xb, xb, filt_ptr + img + cc, rs, rs, hl, wl, n0, cm1, wts, zbias, xb, xb, rs,
+                                4 * C, K, BW, 1, False, False, FLIP, COMPUTE, False, False, 0)
         off += tl.cast(B * hl * wl, tl.int64) * (4 * C)
 
 
@@ -135,9 +140,10 @@ def _image_synthesis(coef_ptr, filt_ptr, H, W, B, b, cb, C: tl.constexpr, LEVELS
 def _image_base_conv(x_ptr, coef_ptr, filt_ptr, y_ptr, bw_ptr, bb_ptr, H, W, B, b, cb, C: tl.constexpr,
                      K: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
                      STRIDE: tl.constexpr, HAS_BIAS: tl.constexpr, FLIP: tl.constexpr, COMPUTE: tl.constexpr,
-                     SYN1: tl.constexpr, SYN_AHEAD: tl.constexpr):
+                     SYN1: tl.constexpr, SYN_AHEAD: tl.constexpr, NARROW: tl.constexpr = False):
     """The base convolution of image b, channel block cb, + bias and acc_1 (this image's block of level 1's
-    region), strided; SYN1 (BW even): it does level 1's inverse Haar step itself, as the multi-launch one does."""
+    region), strided; SYN1 (BW even): it does level 1's inverse Haar step itself, as the multi-launch one does.
+    NARROW (BW a multiple of 4): a last strip of at most BW / 2 columns walks BW / 2."""
     c1 = cb * BC + tl.arange(0, BC)
     cm1 = c1 < C
     wts = _conv_weights(bw_ptr, c1, cm1, C, K, COMPUTE)
@@ -157,9 +163,14 @@ def _image_base_conv(x_ptr, coef_ptr, filt_ptr, y_ptr, bw_ptr, bb_ptr, H, W, B, 
     a2 = coef_ptr + tl.cast(B * h1 * w1, tl.int64) * (4 * C) + b * ((h1 + 1) // 2) * ((w1 + 1) // 2) * (4 * C) + c1
     rs1 = tl.cast(w1 * C, tl.int64)
     for n0 in range(0, W, BW):
-        _conv_strip(xb0 + n0 * C, ab0 + n0 * C, yb, rs, ors, H, W, n0, cm1, wts, bias, t1 + n0 // 2 * (4 * C),
-                    a2 + n0 // 2 * C, rs1, C, K, BW, STRIDE, LEVELS > 0, HAS_BIAS, FLIP, COMPUTE,
-                    SYN1 and LEVELS > 0, SYN1 and LEVELS > 1, SYN_AHEAD)
+        if NARROW and W - n0 <= BW // 2:
+            _conv_strip(xb0 + n0 * C, ab0 + n0 * C, yb, rs, ors, H, W, n0, cm1, wts, bias, t1 + n0 // 2 * (4 * C),
+                        a2 + n0 // 2 * C, rs1, C, K, BW // 2, STRIDE, LEVELS > 0, HAS_BIAS, FLIP, COMPUTE,
+                        SYN1 and LEVELS > 0, SYN1 and LEVELS > 1, SYN_AHEAD)
+        else:
+            _conv_strip(xb0 + n0 * C, ab0 + n0 * C, yb, rs, ors, H, W, n0, cm1, wts, bias, t1 + n0 // 2 * (4 * C),
+                        a2 + n0 // 2 * C, rs1, C, K, BW, STRIDE, LEVELS > 0, HAS_BIAS, FLIP, COMPUTE,
+                        SYN1 and LEVELS > 0, SYN1 and LEVELS > 1, SYN_AHEAD)
 
 
 @triton.jit
@@ -175,19 +186,21 @@ def _small_kernel(
     C: tl.constexpr, K: tl.constexpr, LEVELS: tl.constexpr, HM: tl.constexpr, WM: tl.constexpr,
     BW: tl.constexpr, BC: tl.constexpr, CHUNK: tl.constexpr, STRIDE: tl.constexpr, HAS_BIAS: tl.constexpr,
     FLIP: tl.constexpr, HAS_COEF: tl.constexpr, COMPUTE: tl.constexpr, SYN1: tl.constexpr,
-    SYN_AHEAD: tl.constexpr,
+    SYN_AHEAD: tl.constexpr, NARROW: tl.constexpr = False,
 ):
     """One WTConv pass (forward, or with FLIP and no bias the input gradient) of image ``program_id(0)``,
-    channels ``program_id(1) * BC ...``; HM / WM: powers of two at least H / W (the analysis and synthesis tiles)."""
+    channels ``program_id(1) * BC ...``; HM / WM: powers of two at least H / W (the analysis and synthesis tiles).
+    NARROW (BW a multiple of 4; TUNING small_narrow): a map's last strip, where at most BW / 2 columns are left,
+    walks BW / 2 columns instead of BW (half of them padding): the same sums in the same order."""
     b = tl.program_id(0).to(tl.int64)
     cb = tl.program_id(1)
     if LEVELS > 0:
         if not HAS_COEF:
             _image_analysis(x_ptr, coef_ptr, H, W, B, b, cb, C, LEVELS, HM, WM, BC, CHUNK, COMPUTE)
             tl.debug_barrier()
-        _image_level_convs(coef_ptr, filt_ptr, lw_ptr, H, W, B, b, cb, C, K, LEVELS, BW, BC, FLIP, COMPUTE)
+        _image_level_convs(coef_ptr, filt_ptr, lw_ptr, H, W, B, b, cb, C, K, LEVELS, BW, BC, FLIP, COMPUTE, NARROW)
         tl.debug_barrier()
         _image_synthesis(coef_ptr, filt_ptr, H, W, B, b, cb, C, LEVELS, HM, WM, BC, CHUNK, COMPUTE, SYN1)
         tl.debug_barrier()
     _image_base_conv(x_ptr, coef_ptr, filt_ptr, y_ptr, bw_ptr, bb_ptr, H, W, B, b, cb, C, K, LEVELS, BW, BC, STRIDE,
-                     HAS_BIAS, FLIP, COMPUTE, SYN1, SYN_AHEAD)
+                     HAS_BIAS, FLIP, COMPUTE, SYN1, SYN_AHEAD, NARROW)

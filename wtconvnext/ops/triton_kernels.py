@@ -1113,6 +1113,12 @@ TUNING: dict[str, int] = {
     # Session 26 (same method as pgrad_bc below): 128 channels (two per thread) 0.299 / 0.156 ms per two passes
     # against 0.307 / 0.173 with 64 at 14 / 7; one warp at 64 channels 0.302 / 0.155.
     "small_max": 16, "small_bw": 4, "small_bc": 128, "small_warps": 2, "small_chunk": 16,
+    # small_narrow = 1 (small_bw a multiple of 4): a map's last strip in the one-launch pass, where at most
+    # small_bw / 2 columns are left, walks small_bw / 2 columns instead of small_bw (the rest padding), bit for bit
+    # the same: the 14 x 14 base convolution's fourth strip (2 columns) and every 2-column level (the 7 x 7 map's
+    # level 2, the 14 x 14 map's level 3). Of the pass's multiply-adds that removes 8 % at 14 x 14 and 11 % at 7 x 7
+    # (not the 7-column maps' second strip of 3 columns). 0: off. Not timed yet.
+    "small_narrow": 0,
     # A pass over a larger map runs in chunks of images whose two coefficient buffers (x's and dy's) take at most
     # chunk_kb KiB (batch_chunks): the layer's workspace is then bounded, not 8/3 x its input. 0: one chunk.
     "chunk_kb": 0,
@@ -1172,7 +1178,8 @@ _MAXNREG_KEYS = {"_conv_kernel": "conv_maxnreg", "_level1_kernel": "l1_maxnreg",
                  "_wgrad_pair_kernel": "wgrad_maxnreg"}
 _MAXNREG_K = 5  # the kernel size the caps apply to (_maxnreg)
 # 0 .. the value, not sizes
-_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "wgrad_inner": 1}
+_MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "wgrad_inner": 1,
+              "small_narrow": 1}
 # 0 turns the path off (conv_base_bc: the rule; the register caps: the compiler's choice)
 _ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc", "conv_maxnreg", "l1_maxnreg", "wgrad_maxnreg", "wgrad_narrow")
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
@@ -1765,6 +1772,7 @@ def _small_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor]
         CHUNK=TUNING["small_chunk"], STRIDE=stride, HAS_BIAS=base_b is not None, FLIP=flip,
         HAS_COEF=given, COMPUTE=_compute_dtype(x.dtype),
         SYN1=int(_syn1(TUNING["small_bw"])), SYN_AHEAD=TUNING["syn1_ahead"],
+        NARROW=bool(TUNING["small_narrow"]) and TUNING["small_bw"] % 4 == 0,
     )
 
 
