@@ -36,6 +36,8 @@ from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.common import Refuse, tuning_entries  # noqa: E402
+
 PHASES = ("aot_collect_metadata", "aot_trace_joint_graph", "GraphLowering.run", "async_compile.wait")
 
 
@@ -76,13 +78,6 @@ def _case(name: str, batch: int) -> dict:
     return row
 
 
-def _tuning(spec: str) -> dict[str, int]:
-    """``"k=v,k2=v2"`` as a TUNING dict."""
-    try:
-        return {k.strip(): int(v) for k, v in (item.split("=") for item in spec.split(","))}
-    except ValueError:
-        raise SystemExit(f"--tuning: expected KEY=INT[,KEY=INT...], got {spec!r}") from None
-
 
 def _spawn(name: str, batch: int, traced: bool, timeout: int, tuning: str = "", stacks: int = 0,
            stacks_file: Optional[Path] = None, eager: bool = False, threads: Optional[int] = None) -> dict:
@@ -96,7 +91,7 @@ def _spawn(name: str, batch: int, traced: bool, timeout: int, tuning: str = "", 
     env["WTCONVNEXT_TRITON_OP"] = "1" if traced else "0"
     if tuning:
         path = Path(tempfile.mkdtemp()) / "tuning.json"
-        path.write_text(json.dumps(_tuning(tuning)))
+        path.write_text(json.dumps(tuning_entries(Refuse, tuning)))
         env["WTCONVNEXT_TUNING"] = str(path)
     try:
         proc = subprocess.run([sys.executable, __file__, "--child", name, "--batch", str(batch)], env=env,
@@ -143,7 +138,7 @@ def main(argv=None) -> int:
     from benchmarks.common import gpu_env, report
 
     for spec in args.tuning:
-        _tuning(spec)  # a malformed entry fails before any case runs
+        tuning_entries(Refuse, spec)  # a malformed entry fails before any case runs
     wt = [m for m in args.models if m.startswith("wtconvnext")]
     cases = [(m, True, "", None) for m in args.models]
     if args.opaque:

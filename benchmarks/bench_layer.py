@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import gpu_env, report, with_entries, write_json, wtconv_inputs  # noqa: E402
+from benchmarks.common import gpu_env, report, tuning_entries, with_entries, write_json, wtconv_inputs  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
@@ -167,15 +167,7 @@ def main(argv=None) -> int:
     if args.rows_from:
         write_table(args.out, json.loads(args.env), rows_from_log(args.rows_from))
         return 0
-    variants = []  # (row suffix, TUNING entries), parsed once
-    for v in args.variants:
-        try:
-            entries = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in v.split(",")}
-        except (IndexError, ValueError):
-            entries = {}
-        if not entries or any(key not in tk.TUNING or val < 0 for key, val in entries.items()):
-            ap.error(f"--variants: {v} is not KEY=V[,KEY=V] with TUNING keys ({sorted(tk.TUNING)}) and integers >= 0")
-        variants.append((v, entries))
+    variants = [(v, tuning_entries(ap, v, "--variants")) for v in args.variants]  # (row suffix, TUNING entries)
     if args.impls and not any(name.startswith("dw7") for name in args.impls):
         ap.error("--impls needs a dw7 row (dw7_cl or dw7_nchw): the ratios are to depthwise 7x7")
     if not torch.cuda.is_available():

@@ -50,18 +50,27 @@ def wtconv_inputs(
     return x, dy, params
 
 
-def tuning_entries(ap: Any, items: list[str]) -> dict[str, int]:
-    """``--tuning KEY=VALUE`` items as ``triton_kernels.TUNING`` entries (known keys, integer values), or the
-    argument parser's usage error naming the bad one."""
+def tuning_entries(ap: Any, items: list[str] | str, flag: str = "--tuning") -> dict[str, int]:
+    """``KEY=VALUE`` items (a list, or one variant ``KEY=V[,KEY=V]``) as ``triton_kernels.TUNING`` entries (known
+    keys, integers >= 0), or ``ap.error`` naming ``flag`` and the bad item (``ap``: an argument parser, or anything
+    with an ``error(message)`` that raises)."""
     from wtconvnext.ops import triton_kernels as tk
 
     out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or key not in tk.TUNING or not value.lstrip("-").isdigit():
-            ap.error(f"--tuning {item!r}: expected KEY=INTEGER with KEY one of {sorted(tk.TUNING)}")
+    for item in items.split(",") if isinstance(items, str) else items:
+        key, sep, value = item.strip().partition("=")
+        if not sep or key not in tk.TUNING or not value.isdigit():
+            ap.error(f"{flag} {item!r}: expected KEY=INTEGER (>= 0) with KEY one of {sorted(tk.TUNING)}")
         out[key] = int(value)
     return out
+
+
+class Refuse:
+    """An ``ap`` for :func:`tuning_entries` outside an argument parser: its error exits with the message."""
+
+    @staticmethod
+    def error(message: str) -> None:
+        raise SystemExit(message)
 
 
 def with_entries(fn: Any, table: dict, entries: dict) -> Any:

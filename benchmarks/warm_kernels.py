@@ -35,7 +35,7 @@ def _run_case(case: tuple[int, int, int, int, str, str, str]) -> tuple[str, floa
         import torch
 
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from benchmarks.common import with_entries, wtconv_inputs
+        from benchmarks.common import Refuse, tuning_entries, with_entries, wtconv_inputs
         from wtconvnext.ops import triton_kernels as tk
         from wtconvnext.ops import wtconv2d
 
@@ -43,8 +43,7 @@ def _run_case(case: tuple[int, int, int, int, str, str, str]) -> tuple[str, floa
         x, dy, ps = wtconv_inputs(b, c, h, h, levels, dtype)
         x = x.contiguous(memory_format=torch.channels_last)
         dy = dy.contiguous(memory_format=torch.channels_last)
-        entries = {} if variant == "default" else {
-            k: int(v) for k, v in (kv.split("=") for kv in variant.split(","))}
+        entries = {} if variant == "default" else tuning_entries(Refuse, variant, "--variants")
 
         def once() -> None:
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype_name == "amp"):

@@ -145,6 +145,20 @@ def test_bench_model_runs_every_task(tmp_path: Path) -> None:
     assert graphs["test_wtconvnext"] <= graphs["test_convnext"], graphs
 
 
+def test_tuning_entries_read_items_and_variants() -> None:
+    """One parser serves every benchmark's TUNING arguments: ``--tuning KEY=V ...`` items and ``KEY=V[,KEY=V]``
+    variants (bench_layer, warm_kernels, bench_compile); an unknown key, a negative or a missing value is refused,
+    naming the flag."""
+    from benchmarks.common import Refuse, tuning_entries
+
+    assert tuning_entries(Refuse, ["wgrad_bw=8", "syn1=0"]) == {"wgrad_bw": 8, "syn1": 0}
+    assert tuning_entries(Refuse, "wgrad_narrow=4, small_narrow=1", "--variants") == {"wgrad_narrow": 4,
+                                                                                     "small_narrow": 1}
+    for bad in ("nonsense=1", "wgrad_bw=-1", "wgrad_bw", "wgrad_bw=x", ""):
+        with pytest.raises(SystemExit, match="--variants"):
+            tuning_entries(Refuse, bad, "--variants")
+
+
 def test_host_cpu_times_every_mode_on_a_tiny_shape(tmp_path: Path) -> None:
     """The host-cost script end to end on the CPU (a subprocess: it switches Triton's interpreter on before
     importing wtconvnext, which must not leak into this process): a row per mode with positive medians over the
