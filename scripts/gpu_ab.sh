@@ -104,12 +104,14 @@ if [[ "$what" == *variants* ]]; then
   # bf16 B=128, at VARIANT_SHAPES (bench_layer's shape indices, default all four stages), in one process after
   # their compiles (VARIANT_WARM seconds, default 300: session 50's 200 s compiled 3 of 12 specialisations beside a
   # test), then per-kernel CUDA time (profile_layer.py) of the default and of each of VARIANT_PROFILE, then their
-  # bitwise tests. VARIANTS: space-separated, each KEY=V[,KEY=V]. Timed before (results/h200/summary.md): session
+  # bitwise tests (VARIANT_TESTS=0: not). VARIANTS: space-separated, each KEY=V[,KEY=V]. About 10-13 minutes with
+  # the defaults: split it over two calls with VARIANT_SHAPES. Timed before (results/h200/summary.md): session
   # 50 the level-1 kernel's instruction cuts and unrolled convolution rows (reverted), session 51 the register caps
   # (wgrad_maxnreg 168 the default since; conv_maxnreg 128 and l1_maxnreg 144 lost 3-10 %), session 52 l1_half
   # (removed). Untimed: wgrad_narrow (the level walks' narrow strips: 41 % / 16 % fewer multiply-adds in the pair
-  # walk at 7^2 / 14^2), wgrad_inner (the walks' mask-free unrolled rows), wgrad_maxnreg=152.
-  vars="${VARIANTS:-wgrad_narrow=4 wgrad_inner=1 wgrad_maxnreg=152}"
+  # walk at 7^2 / 14^2), small_narrow (the one-launch pass's narrow last strips), small_warps=4 (its occupancy at
+  # 14^2), wgrad_inner (the walks' mask-free unrolled rows), wgrad_maxnreg=152.
+  vars="${VARIANTS:-wgrad_narrow=4 small_narrow=1 small_warps=4 wgrad_narrow=4,small_narrow=1 wgrad_inner=1 wgrad_maxnreg=152}"
   vshapes="${VARIANT_SHAPES:-0 1 2 3}"
   step "${VARIANT_WARM:-300}" variants_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 \
     --stages $vshapes --modes train --variants $vars
@@ -120,8 +122,10 @@ if [[ "$what" == *variants* ]]; then
     step 90 "variants_profile_${t:-default}.txt" "$py" benchmarks/profile_layer.py --shapes $vshapes --dtypes bf16 \
       --cl ${t:+--tuning ${t//,/ }}
   done
-  step 150 variants_test.txt "$py" -m pytest -q -rs --tb=short tests/test_ops_triton.py \
-    -k "loop_variants or narrow_level"
+  if [[ "${VARIANT_TESTS:-1}" != 0 ]]; then  # (the same tests run in the "bits" step)
+    step 150 variants_test.txt "$py" -m pytest -q -rs --tb=short tests/test_ops_triton.py \
+      -k "loop_variants or narrow_level"
+  fi
 fi
 if [[ "$what" == *planmode* ]]; then
   # Graph mode (launch_plan.GRAPHS, the default since session 52; issue 15): its GPU test, then the host-bound layer
