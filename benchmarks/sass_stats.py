@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import compile_sm90, tuning_entries, write_json  # noqa: E402
 
-KERNELS = ["conv_base", "conv_base_syn1", "conv_levels", "dx_base", "small", "small_dx",
+KERNELS = ["conv_base", "conv_base_syn1", "conv_base_onload", "conv_levels", "dx_base", "dx_base_onload", "small",
+           "small_dx",
            "wgrad_base", "wgrad_levels", "wgrad_levels_unroll", "wgrad_levels_fp32", "wgrad_pair",
            "wgrad_level1", "level1", "level1_dx"]
 _INSTR = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[.\s]")
@@ -66,10 +67,14 @@ def _case(name: str, ch: int, dtype: str, k: int = 5):
         return tk._level1_kernel, sig, const, tun["l1_warps"]
     if name.startswith(("conv", "dx")):
         sig = dict(x_ptr=x, acc_ptr=x, acc2_ptr=x, y_ptr=x, w_ptr=f32, b_ptr=f32, acc2_off=i32, H=i32, W=i32, B=i32)
-        syn1 = name.endswith("syn1")
-        const = dict(CC=cc, K=k, LEVELS=levels, BW=tun["conv_bw"], BC=tk.conv_block_c(cc, levels), STRIDE=1,
+        # syn1: level 1 synthesised from its stored filtered subbands; onload: from level 1 on load's, polyphase
+        # in the output itself (SYN1 2: the default base convolutions of 56 x 56 and 28 x 28, forward and dx).
+        syn1 = 2 if name.endswith("onload") else int(name.endswith("syn1"))
+        bc = tk.conv_block_c(cc, levels)
+        const = dict(CC=cc, K=k, LEVELS=levels, BW=tun["conv_bw"], BC=bc, STRIDE=1,
                      HAS_ACC=not levels, HAS_BIAS=name.startswith("conv_base"), FLIP=name.startswith("dx"), COMPUTE=fp,
-                     SYN1=syn1, HAS_ACC2=syn1, SYN_AHEAD=tun["syn1_ahead"] if syn1 else 0)
+                     SYN1=syn1, HAS_ACC2=bool(syn1), SYN_AHEAD=tun["syn1_ahead"] if syn1 else 0,
+                     PAIR=bool(tun["conv_pair"]) and not levels and 0 < cc % bc <= bc // 2)
         return tk._conv_kernel, sig, const, tun["conv_warps"]
     if name == "wgrad_pair":  # the default backward's one weight-gradient launch: base and every level
         sig = dict(x_ptr=x, g_ptr=x, bpart_ptr=f32, cx_ptr=x, cg_ptr=x, lpart_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32,

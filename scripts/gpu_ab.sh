@@ -109,22 +109,23 @@ if [[ "$what" == *variants* ]]; then
   # 50 the level-1 kernel's instruction cuts and unrolled convolution rows (reverted), session 51 the register caps
   # (wgrad_maxnreg 168 the default since; conv_maxnreg 128 and l1_maxnreg 144 lost 3-10 %), session 52 l1_half
   # (removed). Untimed: wgrad_narrow (the level walks' narrow strips: 41 % / 16 % fewer multiply-adds in the pair
-  # walk at 7^2 / 14^2), small_narrow (the one-launch pass's narrow last strips), small_warps=4 (its occupancy at
-  # 14^2), wgrad_inner (the walks' mask-free unrolled rows), wgrad_maxnreg=152.
-  vars="${VARIANTS:-wgrad_narrow=4 small_narrow=1 small_warps=4 wgrad_narrow=4,small_narrow=1 wgrad_inner=1 wgrad_maxnreg=152}"
+  # walk at 7^2 / 14^2), small_narrow (the one-launch pass's narrow last strips), conv_pair (two images in the
+  # base convolution's half-empty last channel block: 56^2), wgrad_inner (the walks' mask-free unrolled rows),
+  # wgrad_maxnreg=152.
+  vars="${VARIANTS:-conv_pair=1 wgrad_narrow=4 small_narrow=1 wgrad_narrow=4,small_narrow=1 wgrad_inner=1 wgrad_maxnreg=152}"
   vshapes="${VARIANT_SHAPES:-0 1 2 3}"
   step "${VARIANT_WARM:-300}" variants_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 \
     --stages $vshapes --modes train --variants $vars
   step 300 variants_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $vshapes \
     --variants $vars --impls wtconv_triton_cl $(printf 'wtconv_triton_cl+%s ' $vars) dw7_cl \
     --out "$out/variants_layer.json"
-  for t in "" ${VARIANT_PROFILE-wgrad_narrow=4}; do
+  for t in "" ${VARIANT_PROFILE-conv_pair=1,wgrad_narrow=4,small_narrow=1}; do
     step 90 "variants_profile_${t:-default}.txt" "$py" benchmarks/profile_layer.py --shapes $vshapes --dtypes bf16 \
       --cl ${t:+--tuning ${t//,/ }}
   done
   if [[ "${VARIANT_TESTS:-1}" != 0 ]]; then  # (the same tests run in the "bits" step)
     step 150 variants_test.txt "$py" -m pytest -q -rs --tb=short tests/test_ops_triton.py \
-      -k "loop_variants or narrow_level"
+      -k "loop_variants or narrow_level or paired_channel"
   fi
 fi
 if [[ "$what" == *planmode* ]]; then

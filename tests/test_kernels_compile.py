@@ -108,8 +108,10 @@ def _onload_cases():
     yield tk._conv_kernel, conv, dict(CC=384, K=5, LEVELS=4, BW=4, BC=64, STRIDE=1, HAS_ACC=False, HAS_BIAS=False,
                                       FLIP=False, COMPUTE=fp, SYN1=False, HAS_ACC2=False, SYN_AHEAD=0, LV0=1)
     for acc2, bias in ((True, True), (False, False)):
+        # (The second with TUNING conv_pair's two images in the last channel block.)
         yield tk._conv_kernel, conv, dict(CC=96, K=5, LEVELS=0, BW=4, BC=64, STRIDE=1, HAS_ACC=True, HAS_BIAS=bias,
-                                          FLIP=not bias, COMPUTE=fp, SYN1=2, HAS_ACC2=acc2, SYN_AHEAD=1, LV0=0)
+                                          FLIP=not bias, COMPUTE=fp, SYN1=2, HAS_ACC2=acc2, SYN_AHEAD=1, LV0=0,
+                                          PAIR=not bias)
     wg = dict(x_ptr=bf16, g_ptr=bf16, part_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32, G0=i32, GT=i32)
     yield tk._wgrad_kernel, wg, dict(CC=384, K=3, TP=16, LEVELS=4, BW=7, BC=64, DSUM=False, COMPUTE=fp,
                                      UNROLL=False, SKIP1=True)
@@ -189,6 +191,11 @@ def _loop_carries() -> int:
                                                       HAS_BIAS=True, FLIP=False, COMPUTE=tl.float32, SYN1=True,
                                                       HAS_ACC2=unroll, SYN_AHEAD=ahead),
                           {(k - 1) * bw + ni + ns, (k - 1) * bw + ns}))
+        # TUNING conv_pair: two images in the last channel block's lanes (C = 96 in blocks of 64) carry the same.
+        cases.append((tk._conv_kernel, conv, dict(CC=96, K=k, LEVELS=0, BW=bw, BC=64, STRIDE=1, HAS_ACC=True,
+                                                  HAS_BIAS=True, FLIP=False, COMPUTE=tl.float32, SYN1=2,
+                                                  HAS_ACC2=True, SYN_AHEAD=1, PAIR=True),
+                      {(k - 1) * bw + ni + bw // 2 * 5, (k - 1) * bw + bw // 2 * 5}))
         for dsum in (False, True):
             sums = k * k + dsum
             cases.append((tk._wgrad_kernel, wg, dict(CC=384, K=k, TP=32, LEVELS=4, BW=bw + 3, BC=64, DSUM=dsum,

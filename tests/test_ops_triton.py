@@ -466,6 +466,44 @@ def test_narrow_level_walks_change_no_bit(shape, tuning, monkeypatch):
         assert _max_rel(o, r) <= 1e-5, name
 
 
+@pytest.mark.parametrize("shape, tuning", [
+    # Level 1 on load (the in-place base convolution, SYN1 2), C = 6 in blocks of 4 (the last one 2 channels), an
+    # odd batch (the last pair's second image is past it), K = 5.
+    ((3, 6, 8, 10, 5, 2, 1, True), {"l1_onload": 1}),
+    # Stored level 1, strided, C = 5 (the last block 1 channel), no bias, K = 7.
+    ((4, 5, 7, 9, 7, 2, 2, False), {"l1_onload": 0}),
+    # No levels: the plain convolution, C = 3 in blocks of 2, K = 3.
+    ((2, 3, 9, 11, 3, 0, 1, True), {"conv_base_bc": 2}),
+], ids=["onload-C6-B3-K5", "stored-strided-C5-K7", "no-levels-C3-K3"])
+def test_paired_channel_blocks_change_no_bit(shape, tuning, monkeypatch):
+    """TUNING conv_pair: the base convolution's last channel block, at most half full, with two images a program
+    gives the output and every gradient bit for bit as one image a program (fp32), and only the base's launches
+    were told."""
+    from wtconvnext.ops import triton_kernels as tk
+
+    b, c, h, w, k, levels, stride, bias = shape
+    params = _params(c, k, max(levels, 1), bias, torch.float32)
+    if not levels:
+        params[3], params[4] = params[3][:0], params[4][:0]
+    x = torch.randn(b, c, h, w, generator=torch.Generator().manual_seed(19)).to(DEVICE)
+    x = x.contiguous(memory_format=torch.channels_last)
+    seen = _spy_consts(monkeypatch, "_conv_kernel", "LEVELS", "PAIR")
+    got = []
+    for pair in (0, 1):
+        monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "small_max": 0, "conv_base_bc": 4, **tuning,
+                                           "conv_pair": pair})
+        seen.clear()
+        out, dy = _run(x, params, stride, "triton")  # (the same dy: a fixed seed)
+        got.append(out)
+        assert {p for lv, p in seen if lv == 0} == {bool(pair)} and {p for lv, p in seen if lv} <= {False}, seen
+    names = [n for n in NAMES if bias or n != "dbias"]
+    for name, a, e in zip(names, *got):
+        assert torch.equal(a, e), (name, _bits_differ(a, e))
+    ref, _ = _run(x.double(), [p if p is None else p.double() for p in params], stride, "reference", dy.double())
+    for name, r, o in zip(names, ref, got[1]):
+        assert (r is None and (o is None or not o.numel())) or _max_rel(o, r) <= 1e-5, name
+
+
 @pytest.mark.parametrize("small_max", [0, 16], ids=["multi-launch", "one-launch"])
 def test_syn1_ahead_changes_no_bit(small_max, monkeypatch):
     """TUNING syn1_ahead (the base convolution's level-1 values loaded a row ahead, so the first and last rows'

@@ -121,14 +121,17 @@ def _conv_kernel(
     CC: tl.constexpr, K: tl.constexpr, LEVELS: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
     STRIDE: tl.constexpr, HAS_ACC: tl.constexpr, HAS_BIAS: tl.constexpr, FLIP: tl.constexpr,
     COMPUTE: tl.constexpr, SYN1: tl.constexpr, HAS_ACC2: tl.constexpr, SYN_AHEAD: tl.constexpr,
-    LV0: tl.constexpr = 0,
+    LV0: tl.constexpr = 0, PAIR: tl.constexpr = False,
 ):
     """Depthwise K x K convolution, 'same' zero padding: of one map (LEVELS = 0), or of every level's subbands in
     one launch (LEVELS = L: the program finds its level). FLIP rotates the kernel by 180 degrees. SYN1 (with
     HAS_ACC, BW even): the base convolution adds level 1's inverse Haar step itself, from the filtered subbands (and
     acc_2 on their low-pass), instead of reading a synthesised acc_1: one full-resolution map less written and
     read, a butterfly per 2 x 2 block more. LV0: levels 1.. of this launch are levels LV0 + 1.. of the weights (a
-    launch over levels 2..L passes level 1's map as its (H, W))."""
+    launch over levels 2..L passes level 1's map as its (H, W)). PAIR (LEVELS = 0, the last channel block at most
+    half full; TUNING conv_pair): that block's programs of an even image b take its channels in lanes 0 .. BC/2 - 1
+    and image b + 1's in the other half, and those of an odd image do nothing: no lane idles for want of channels
+    (C = 96 in blocks of 64: a fourth of the lanes did)."""
     PAD: tl.constexpr = K // 2
     NI: tl.constexpr = BW + K - 1
     pid = tl.program_id(0)
@@ -150,27 +153,46 @@ def _conv_kernel(
         xb0 = x_ptr
         yb0 = y_ptr
         wb = w_ptr
-    cc = tl.program_id(1) * BC + tl.arange(0, BC)
-    cmask = cc < CC
+    lanes = tl.arange(0, BC)
+    ho = (h + STRIDE - 1) // STRIDE
+    wo = (w + STRIDE - 1) // STRIDE
+    h1 = (h + 1) // 2
+    w1 = (w + 1) // 2
+    if PAIR:
+        NB: tl.constexpr = (CC + BC - 1) // BC
+        HALF: tl.constexpr = BC // 2
+        last = tl.program_id(1) == NB - 1
+        if last & (b % 2 == 1):  # image b's last channels are image b - 1's program's upper half
+            return
+        hi = tl.where(last, lanes // HALF, 0)  # 1: a lane of image b + 1 (an int32 offset, not a pointer, a lane)
+        cc = tl.where(last, (NB - 1) * BC + lanes % HALF, tl.program_id(1) * BC + lanes)
+        cmask = (cc < CC) & (b + hi < B)
+        lo = cc + hi * (h * w * CC)  # the lane's element of image b's map, of its output, of its level-1 maps
+        loy = cc + hi * (ho * wo * CC)
+        lo1 = cc + hi * (h1 * w1 * CC)
+    else:
+        cc = tl.program_id(1) * BC + lanes
+        cmask = cc < CC
+        lo = cc
+        loy = cc
+        lo1 = cc
     wts = _conv_weights(wb, cc, cmask, CC, K, COMPUTE)
     if HAS_BIAS:
         bias = tl.load(b_ptr + cc, mask=cmask, other=0.0).to(COMPUTE)
     else:
         bias = tl.zeros(cc.shape, dtype=COMPUTE)
     rs = tl.cast(w * CC, tl.int64)
-    xb = xb0 + b * h * rs + n0 * CC + cc
-    ab = acc_ptr + b * h * rs + n0 * CC + cc
-    ho = (h + STRIDE - 1) // STRIDE
-    ors = tl.cast((w + STRIDE - 1) // STRIDE * CC, tl.int64)
-    yb = yb0 + b * ho * ors + cc
+    xb = xb0 + b * h * rs + n0 * CC + lo
+    ab = acc_ptr + b * h * rs + n0 * CC + lo
+    ors = tl.cast(wo * CC, tl.int64)
+    yb = yb0 + b * ho * ors + loy
     if SYN1:
         # Level 1's positions under this program's column pairs (row 0): BW is even, so pairs are 2 x 2 blocks.
-        w1 = (w + 1) // 2
-        s1 = (b * ((h + 1) // 2) * w1 + n0 // 2) * CC
+        s1 = (b * h1 * w1 + n0 // 2) * CC
         # SYN1 == 2 (even maps): the filtered subbands polyphase in a full-resolution map (subband s of block
         # (r, j) at pixel (2r + s // 2, 2j + s % 2), _level1_kernel's), y itself: read a row ahead, then overwritten.
-        t1p = ab if SYN1 == 2 else acc_ptr + s1 * 4 + cc
-        a2p = acc2_ptr + tl.cast(acc2_off, tl.int64) + s1 + cc
+        t1p = ab if SYN1 == 2 else acc_ptr + s1 * 4 + (cc + (lo1 - cc) * 4)
+        a2p = acc2_ptr + tl.cast(acc2_off, tl.int64) + s1 + lo1
         rs1 = tl.cast(w1 * CC, tl.int64)
     else:
         t1p = ab
@@ -1104,6 +1126,14 @@ TUNING: dict[str, int] = {
     # registers and no repacking of bf16 halves (sm_90 SASS, triton 3.8: see results/h200/summary.md, session 41),
     # but the butterfly waits on its loads within the row. Not measured yet.
     "syn1_ahead": 1, "conv_base_bc": 64,
+    # conv_pair = 1: where the base convolution's last channel block is at most half full (C = 96 in blocks of 64:
+    # 32 channels in 64 lanes), a program of it takes two images' channels, one in each half of its lanes, and the
+    # programs of every other image return at once: a fourth fewer warp instructions for the base convolutions at
+    # WTConvNeXt-T's 56 x 56 (C = 192, 384, 768 fill their blocks), the same sums bit for bit. sm_90 (triton 3.8,
+    # bf16, the in-place base convolutions of level 1 on load): 2688 working programs instead of 3584 at B = 128,
+    # rows of 412-415 (dx 403-404) instructions against 415-420 (412-413), 166 (162) registers against 150 (12
+    # resident warps an SM instead of 13). 0: off. Not timed yet.
+    "conv_pair": 0,
     # Maps of at most small_max rows and columns run a whole pass in one launch (small_kernels.py): a program per
     # image and small_bc channels, small_warps warps, strips of small_bw columns, small_chunk positions per
     # analysis / synthesis step. 0: never. H200, bf16, B=128 (results/h200/summary.md, session 18): forward /
@@ -1179,7 +1209,7 @@ _MAXNREG_KEYS = {"_conv_kernel": "conv_maxnreg", "_level1_kernel": "l1_maxnreg",
 _MAXNREG_K = 5  # the kernel size the caps apply to (_maxnreg)
 # 0 .. the value, not sizes
 _MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "wgrad_inner": 1,
-              "small_narrow": 1}
+              "small_narrow": 1, "conv_pair": 1}
 # 0 turns the path off (conv_base_bc: the rule; the register caps: the compiler's choice)
 _ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc", "conv_maxnreg", "l1_maxnreg", "wgrad_maxnreg", "wgrad_narrow")
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
@@ -1786,12 +1816,16 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
     bw = TUNING["conv_bw"]
     bc = conv_block_c(cc, levels)
     programs = _level_programs(h, w, levels, bw, bsz) if levels else bsz * _cdiv(w, bw)
+    # TUNING conv_pair: the base map's last channel block, at most half full, takes two images a program.
+    # (An image's elements are an int32 lane offset: below 2^30 of them.)
+    pair = (bool(TUNING["conv_pair"]) and not levels and bsz > 1 and 0 < cc % bc <= bc // 2
+            and h * w * cc * 4 < 1 << 30)
     _launch(
         _conv_kernel, (programs, _cdiv(cc, bc)),
         (x, acc, x if acc2 is None else acc2, y, wts, bias, acc2_off, h, w, bsz), TUNING["conv_warps"],
         CC=cc, K=k, LEVELS=levels, BW=bw, BC=bc, STRIDE=stride, HAS_ACC=has_acc, HAS_BIAS=has_bias, FLIP=flip,
         COMPUTE=_compute_dtype(x.dtype), SYN1=int(syn1), HAS_ACC2=acc2 is not None,
-        SYN_AHEAD=TUNING["syn1_ahead"] if syn1 else 0, LV0=lv0,
+        SYN_AHEAD=TUNING["syn1_ahead"] if syn1 else 0, LV0=lv0, PAIR=pair,
     )
 
 
