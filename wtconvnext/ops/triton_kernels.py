@@ -1132,7 +1132,8 @@ TUNING: dict[str, int] = {
     # WTConvNeXt-T's 56 x 56 (C = 192, 384, 768 fill their blocks), the same sums bit for bit. sm_90 (triton 3.8,
     # bf16, the in-place base convolutions of level 1 on load): 2688 working programs instead of 3584 at B = 128,
     # rows of 412-415 (dx 403-404) instructions against 415-420 (412-413), 166 (162) registers against 150 (12
-    # resident warps an SM instead of 13). 0: off. Not timed yet.
+    # resident warps an SM instead of 13); under triton 3.6 (the device image's) 168 (203) against 158 (182).
+    # 0: off. Not timed yet.
     "conv_pair": 0,
     # Maps of at most small_max rows and columns run a whole pass in one launch (small_kernels.py): a program per
     # image and small_bc channels, small_warps warps, strips of small_bw columns, small_chunk positions per
@@ -1147,7 +1148,8 @@ TUNING: dict[str, int] = {
     # small_bw / 2 columns are left, walks small_bw / 2 columns instead of small_bw (the rest padding), bit for bit
     # the same: the 14 x 14 base convolution's fourth strip (2 columns) and every 2-column level (the 7 x 7 map's
     # level 2, the 14 x 14 map's level 3). Of the pass's multiply-adds that removes 8 % at 14 x 14 and 11 % at 7 x 7
-    # (not the 7-column maps' second strip of 3 columns). 0: off. Not timed yet.
+    # (not the 7-column maps' second strip of 3 columns). sm_90 registers: 214 against 232 / 226 (triton 3.8), 252 /
+    # 245 against 232 / 227 (3.6), the same 4 programs an SM. 0: off. Not timed yet.
     "small_narrow": 0,
     # A pass over a larger map runs in chunks of images whose two coefficient buffers (x's and dy's) take at most
     # chunk_kb KiB (batch_chunks): the layer's workspace is then bounded, not 8/3 x its input. 0: one chunk.
