@@ -438,8 +438,8 @@ def test_loop_variants_change_no_bit(knob, kernel, key, shape, tuning, monkeypat
     # Multi-launch, odd and not square: levels 5 x 5 (full strips), 3 x 3 (strips of 4) and 2 x 2 (of 2), K = 7,
     # the base's and the levels' walks in two launches, images in groups of 3 (the last one short).
     ((4, 2, 10, 9, 7, 3, 1, False), {"small_max": 0, "wgrad_pair": 0, "wgrad_imgs": 3}),
-    # Level 1 on load (its staged walk runs no narrow strips), levels 2..5: 7 x 8, 4 x 4, 2 x 2 and 1 x 1, K = 3.
-    ((2, 4, 26, 30, 3, 5, 1, True), {"small_max": 0, "l1_onload": 1}),
+    # Level 1 on load (its staged walk runs no narrow strips), levels 2..5: 5 x 6, 3 x 3, 2 x 2 and 1 x 1, K = 3.
+    ((2, 4, 18, 22, 3, 5, 1, True), {"small_max": 0, "l1_onload": 1}),
 ], ids=["one-launch-7x7-K5", "multi-launch-odd-K7-two-walks", "level1-on-load-K3"])
 def test_narrow_level_walks_change_no_bit(shape, tuning, monkeypatch):
     """TUNING wgrad_narrow: levels at most 4 (2) columns wide walked in strips of 4 (2) columns give the output and
