@@ -78,7 +78,6 @@ def _case(name: str, batch: int) -> dict:
     return row
 
 
-
 def _spawn(name: str, batch: int, traced: bool, timeout: int, tuning: str = "", stacks: int = 0,
            stacks_file: Optional[Path] = None, eager: bool = False, threads: Optional[int] = None) -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(), TRITON_CACHE_DIR=tempfile.mkdtemp(),

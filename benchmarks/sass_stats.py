@@ -58,7 +58,7 @@ def _case(name: str, ch: int, dtype: str, k: int = 5):
         const = dict(C=ch, K=k, LEVELS=3, HM=16, WM=16, BW=tun["small_bw"], BC=tk._block_c(ch, tun["small_bc"]),
                      CHUNK=tun["small_chunk"], STRIDE=1, HAS_BIAS=not dx, FLIP=dx, HAS_COEF=dx, COMPUTE=fp,
                      SYN1=int(tk._syn1(tun["small_bw"])), SYN_AHEAD=tun["syn1_ahead"],
-                     NARROW=bool(tun["small_narrow"]) and tun["small_bw"] % 4 == 0)
+                     NARROW=tk.small_narrow())
         return sk._small_kernel, sig, const, tun["small_warps"]
     if name.startswith("level1"):  # level 1's convolutions with its subbands made on load (TUNING l1_onload)
         sig = dict(x_ptr=x, y_ptr=x, w_ptr=f32, H=i32, W=i32)
@@ -74,7 +74,7 @@ def _case(name: str, ch: int, dtype: str, k: int = 5):
         const = dict(CC=cc, K=k, LEVELS=levels, BW=tun["conv_bw"], BC=bc, STRIDE=1,
                      HAS_ACC=not levels, HAS_BIAS=name.startswith("conv_base"), FLIP=name.startswith("dx"), COMPUTE=fp,
                      SYN1=syn1, HAS_ACC2=bool(syn1), SYN_AHEAD=tun["syn1_ahead"] if syn1 else 0,
-                     PAIR=bool(tun["conv_pair"]) and not levels and 0 < cc % bc <= bc // 2)
+                     PAIR=tk.conv_pairs(cc, bc, levels))
         return tk._conv_kernel, sig, const, tun["conv_warps"]
     if name == "wgrad_pair":  # the default backward's one weight-gradient launch: base and every level
         sig = dict(x_ptr=x, g_ptr=x, bpart_ptr=f32, cx_ptr=x, cg_ptr=x, lpart_ptr=f32, H=i32, W=i32, B=i32, IMGS=i32,

@@ -170,12 +170,14 @@ def _conv_kernel(
         lo = cc + hi * (h * w * CC)  # the lane's element of image b's map, of its output, of its level-1 maps
         loy = cc + hi * (ho * wo * CC)
         lo1 = cc + hi * (h1 * w1 * CC)
+        lo4 = cc + hi * (h1 * w1 * 4 * CC)
     else:
         cc = tl.program_id(1) * BC + lanes
         cmask = cc < CC
         lo = cc
         loy = cc
         lo1 = cc
+        lo4 = cc
     wts = _conv_weights(wb, cc, cmask, CC, K, COMPUTE)
     if HAS_BIAS:
         bias = tl.load(b_ptr + cc, mask=cmask, other=0.0).to(COMPUTE)
@@ -191,7 +193,7 @@ def _conv_kernel(
         s1 = (b * h1 * w1 + n0 // 2) * CC
         # SYN1 == 2 (even maps): the filtered subbands polyphase in a full-resolution map (subband s of block
         # (r, j) at pixel (2r + s // 2, 2j + s % 2), _level1_kernel's), y itself: read a row ahead, then overwritten.
-        t1p = ab if SYN1 == 2 else acc_ptr + s1 * 4 + (cc + (lo1 - cc) * 4)
+        t1p = ab if SYN1 == 2 else acc_ptr + s1 * 4 + lo4
         a2p = acc2_ptr + tl.cast(acc2_off, tl.int64) + s1 + lo1
         rs1 = tl.cast(w1 * CC, tl.int64)
     else:
@@ -1804,7 +1806,7 @@ def _small_pass(x: Tensor, out: Tensor, base_w: Tensor, base_b: Optional[Tensor]
         CHUNK=TUNING["small_chunk"], STRIDE=stride, HAS_BIAS=base_b is not None, FLIP=flip,
         HAS_COEF=given, COMPUTE=_compute_dtype(x.dtype),
         SYN1=int(_syn1(TUNING["small_bw"])), SYN_AHEAD=TUNING["syn1_ahead"],
-        NARROW=bool(TUNING["small_narrow"]) and TUNING["small_bw"] % 4 == 0,
+        NARROW=small_narrow(),
     )
 
 
@@ -1818,10 +1820,8 @@ def _conv_launch(x: Tensor, acc: Tensor, y: Tensor, wts: Tensor, bias: Tensor, h
     bw = TUNING["conv_bw"]
     bc = conv_block_c(cc, levels)
     programs = _level_programs(h, w, levels, bw, bsz) if levels else bsz * _cdiv(w, bw)
-    # TUNING conv_pair: the base map's last channel block, at most half full, takes two images a program.
     # (An image's elements are an int32 lane offset: below 2^30 of them.)
-    pair = (bool(TUNING["conv_pair"]) and not levels and bsz > 1 and 0 < cc % bc <= bc // 2
-            and h * w * cc * 4 < 1 << 30)
+    pair = conv_pairs(cc, bc, levels) and bsz > 1 and h * w * cc * 4 < 1 << 30
     _launch(
         _conv_kernel, (programs, _cdiv(cc, bc)),
         (x, acc, x if acc2 is None else acc2, y, wts, bias, acc2_off, h, w, bsz), TUNING["conv_warps"],
@@ -1838,6 +1838,17 @@ def _walk_shape(x: Tensor, k: int) -> tuple[int, int, int, int, int, int, Any]:
     ch = x.shape[1]
     return (TUNING["wgrad_bw"], TUNING["wgrad_warps"], TUNING["wgrad_imgs"], _pow2(k * k + 1),
             _block_c(ch, TUNING["wgrad_bc"]), _block_c(4 * ch, TUNING["wgrad_bc"]), _compute_dtype(x.dtype))
+
+
+def conv_pairs(cc: int, bc: int, levels: int) -> bool:
+    """Whether a convolution launch over ``cc`` channels in blocks of ``bc`` pairs images in its last block (TUNING
+    conv_pair: the base map's, at most half full)."""
+    return bool(TUNING["conv_pair"]) and not levels and 0 < cc % bc <= bc // 2
+
+
+def small_narrow() -> bool:
+    """The one-launch pass's NARROW (TUNING small_narrow, with strips of a multiple of 4 columns)."""
+    return bool(TUNING["small_narrow"]) and TUNING["small_bw"] % 4 == 0
 
 
 def _narrow(bw: int) -> int:
