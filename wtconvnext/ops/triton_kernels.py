@@ -1135,8 +1135,10 @@ TUNING: dict[str, int] = {
     # bf16, the in-place base convolutions of level 1 on load): 2688 working programs instead of 3584 at B = 128,
     # rows of 412-415 (dx 403-404) instructions against 415-420 (412-413), 166 (162) registers against 150 (12
     # resident warps an SM instead of 13); under triton 3.6 (the device image's) 168 (203) against 158 (182).
-    # 0: off. Not timed yet.
-    "conv_pair": 0,
+    # H100, bf16, B=128, f+b wall, one process each (results/h200/variants*.txt, session 53, two calls): 56 x 56
+    # 1.333 / 1.334 ms against 1.387 / 1.388 (cuDNN dw7 1.333 / 1.337: 1.00x from 1.04x), forward 0.394 against
+    # 0.420; the four convolution launches 0.357 ms against 0.412 by the profiler; 28 / 14 / 7 unchanged. 0: off.
+    "conv_pair": 1,
     # Maps of at most small_max rows and columns run a whole pass in one launch (small_kernels.py): a program per
     # image and small_bc channels, small_warps warps, strips of small_bw columns, small_chunk positions per
     # analysis / synthesis step. 0: never. H200, bf16, B=128 (results/h200/summary.md, session 18): forward /
@@ -1151,7 +1153,9 @@ TUNING: dict[str, int] = {
     # the same: the 14 x 14 base convolution's fourth strip (2 columns) and every 2-column level (the 7 x 7 map's
     # level 2, the 14 x 14 map's level 3). Of the pass's multiply-adds that removes 8 % at 14 x 14 and 11 % at 7 x 7
     # (not the 7-column maps' second strip of 3 columns). sm_90 registers: 214 against 232 / 226 (triton 3.8), 252 /
-    # 245 against 232 / 227 (3.6), the same 4 programs an SM. 0: off. Not timed yet.
+    # 245 against 232 / 227 (3.6), the same 4 programs an SM. H100 (session 53): the one-launch passes 0.213
+    # against 0.218 ms at 14 x 14 but 0.114 against 0.108 at 7 x 7 by the profiler (with conv_pair and
+    # wgrad_narrow), f+b wall 0.380 / 0.248 against 0.387 / 0.246: mixed, so off. 0: off.
     "small_narrow": 0,
     # A pass over a larger map runs in chunks of images whose two coefficient buffers (x's and dy's) take at most
     # chunk_kb KiB (batch_chunks): the layer's workspace is then bounded, not 8/3 x its input. 0: one chunk.
@@ -1191,8 +1195,11 @@ TUNING: dict[str, int] = {
     # rest only meet dy's zero padding: the same partial rows bit for bit. A level of 4 columns in strips of 7 spends
     # 3/7 of its multiply-adds on padding, one of 2 columns 5/7: of the pair walk's (base and levels) at
     # WTConvNeXt-T's stage shapes 41 % at 7 x 7 (levels 4 x 4 and 2 x 2), 16 % at 14 x 14, 8 % at 28 x 28, 2 % at
-    # 56 x 56. 0: off. Not timed yet.
-    "wgrad_narrow": 0,
+    # 56 x 56. H100, bf16, B=128 (session 53, results/h200/variants*.txt): the pair walk 0.064 ms against 0.090 at
+    # 7 x 7 and 0.099 against 0.106 at 14 x 14 by the profiler; f+b wall 0.375 against 0.387 ms at 14 x 14, and
+    # with small_narrow 0.372 / 0.223 against 0.387 / 0.246 at 14 / 7 (dw7 0.397 / 0.255); alone at 7 x 7 one row
+    # read 0.322 ms, unexplained (its kernels were compiled beforehand; not repeated). 0: off.
+    "wgrad_narrow": 4,
     # conv_maxnreg / l1_maxnreg / wgrad_maxnreg: a register cap per thread (ptxas's maxrregcount, Triton's launch
     # option maxnreg) for _conv_kernel, _level1_kernel and the weight-gradient walks; 0: the compiler's choice. These
     # one- and two-warp programs are latency-bound at the occupancy their registers leave; a cap trades spills for
