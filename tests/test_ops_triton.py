@@ -740,6 +740,7 @@ def test_tuning_file(tmp_path, monkeypatch):
     assert tk.TUNING["conv_bw"] == 7 and tk.TUNING["wgrad_warps"] == 4 and tk.TUNING["conv_maxnreg"] == 128
     for text, match in (("{not json", "cannot read"), ("[1, 2]", "JSON object"), ('{"fwd_tiles": 8}', "unknown keys"),
                         ('{"conv_maxnreg": 100}', "multiple of 8"), ('{"wgrad_maxnreg": 512}', "multiple of 8"),
+                        ('{"dx_maxnreg": 20}', "multiple of 8"),
                         ('{"conv_bc": 24}', "power of two"), ('{"wgrad_warps": 0}', "out of range"),
                         ('{"syn1_ahead": 3}', "out of range"), ('{"syn1": 2}', "out of range")):
         bad = tmp_path / "bad.json"
@@ -846,6 +847,13 @@ def test_register_cap_reaches_the_launch(monkeypatch):
     assert tk.launch_options(tk._wgrad_kernel, 2, {"K": 5}) == {"num_warps": 2, "maxnreg": 168}
     assert tk.launch_options(tk._wgrad_kernel, 2, {"K": 7}) == {"num_warps": 2}
     assert tk.launch_options(tk._wgrad_kernel, 2, {"K": 3}) == {"num_warps": 2}
+    # dx_maxnreg: the input gradient's base convolution only (FLIP, no levels), in place of conv_maxnreg.
+    monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "conv_maxnreg": 0, "dx_maxnreg": 160})
+    dx = {"K": 5, "FLIP": True, "LEVELS": 0}
+    assert tk.launch_options(tk._conv_kernel, 4, dx) == {"num_warps": 4, "maxnreg": 160}
+    assert tk.launch_options(tk._conv_kernel, 4, {**dx, "FLIP": False}) == {"num_warps": 4}
+    assert tk.launch_options(tk._conv_kernel, 4, {**dx, "LEVELS": 3}) == {"num_warps": 4}
+    assert tk.launch_options(tk._conv_kernel, 4, {**dx, "K": 7}) == {"num_warps": 4}
 
 
 def _low_precision_check(shape, dtype):

@@ -1213,6 +1213,10 @@ TUNING: dict[str, int] = {
     # launches through Inductor (a cap changes no arithmetic, only where values wait), and at K other than 5
     # (_maxnreg).
     "conv_maxnreg": 0, "l1_maxnreg": 0, "wgrad_maxnreg": 168,
+    # dx_maxnreg: a cap for the input gradient's base convolution alone (_conv_kernel with FLIP, no levels), in place
+    # of conv_maxnreg. triton 3.6 (the device image) gives it 182 registers at sm_90, bf16, C = 96, level 1 on load
+    # (11 resident warps an SM) where 3.8 gives 150 and the forward's takes 158 (results/sm90/s53_waste_variants.txt).
+    "dx_maxnreg": 0,
 }
 # The kernels each register cap applies to.
 _MAXNREG_KEYS = {"_conv_kernel": "conv_maxnreg", "_level1_kernel": "l1_maxnreg", "_wgrad_kernel": "wgrad_maxnreg",
@@ -1222,7 +1226,8 @@ _MAXNREG_K = 5  # the kernel size the caps apply to (_maxnreg)
 _MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "wgrad_inner": 1,
               "small_narrow": 1, "conv_pair": 1}
 # 0 turns the path off (conv_base_bc: the rule; the register caps: the compiler's choice)
-_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc", "conv_maxnreg", "l1_maxnreg", "wgrad_maxnreg", "wgrad_narrow")
+_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc", "conv_maxnreg", "l1_maxnreg", "wgrad_maxnreg", "wgrad_narrow",
+              "dx_maxnreg")
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
               "l1_bc")
 
@@ -1246,7 +1251,7 @@ def _tuning_from_env() -> None:
     for key in _POW2_KEYS:
         if key in values and values[key] & (values[key] - 1):
             raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: {key} must be a power of two, got {values[key]}")
-    for key in sorted(set(_MAXNREG_KEYS.values()) & set(values)):
+    for key in sorted({*_MAXNREG_KEYS.values(), "dx_maxnreg"} & set(values)):
         if values[key] and not (24 <= values[key] <= 255 and values[key] % 8 == 0):
             raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: {key} must be 0 or a multiple of 8 in 24 .. 255 "
                                f"(registers per thread), got {values[key]}")
@@ -1387,6 +1392,8 @@ def _maxnreg(fn: Any, consts: dict[str, object]) -> int:
     # fewer warps resident (results/sm90/s51_wgrad_cap.txt).
     if key is None or consts.get("K") != _MAXNREG_K:
         return 0
+    if key == "conv_maxnreg" and consts.get("FLIP") and not consts.get("LEVELS") and TUNING["dx_maxnreg"]:
+        return TUNING["dx_maxnreg"]
     return TUNING[key]
 
 
