@@ -158,9 +158,11 @@ def compile_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, Any],
 
     from wtconvnext.ops.triton_kernels import launch_options
 
-    # (With the kernel's TUNING register cap, as its launches get it.)
+    # (With the kernel's TUNING register cap, as its launches get it: the first parameter's dtype from its type.)
+    first = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float32, "*fp64": torch.float64}.get(
+        next(iter(signature.values()), ""))
     return triton.compile(_sm90_source(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                          options=launch_options(fn, warps, constexprs))
+                          options=launch_options(fn, warps, constexprs, first))
 
 
 def _sm90_source(fn: Any, signature: dict[str, str], constexprs: dict[str, Any]) -> Any:

@@ -244,6 +244,16 @@ def _register_cap() -> int:
     if not (regs[128] <= 128 < regs[0]):
         print(f"FAILED register cap: {regs} registers uncapped / capped at 128", file=sys.stderr)
         return 1
+    # dx_maxnreg: the input gradient's base convolution in bf16 takes it, in fp32 not (it would spill there).
+    saved = tk.TUNING["dx_maxnreg"]
+    dx = {}
+    for cap, dtype in ((0, "bf16"), (128, "bf16"), (128, "fp32")):
+        tk.TUNING["dx_maxnreg"] = cap
+        dx[cap, dtype] = analyse("dx_base_onload", 96, dtype)["registers"]
+    tk.TUNING["dx_maxnreg"] = saved
+    if not (dx[128, "bf16"] <= 128 < min(dx[0, "bf16"], dx[128, "fp32"])):
+        print(f"FAILED dx register cap: {dx} registers (cap, dtype)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -847,13 +847,17 @@ def test_register_cap_reaches_the_launch(monkeypatch):
     assert tk.launch_options(tk._wgrad_kernel, 2, {"K": 5}) == {"num_warps": 2, "maxnreg": 168}
     assert tk.launch_options(tk._wgrad_kernel, 2, {"K": 7}) == {"num_warps": 2}
     assert tk.launch_options(tk._wgrad_kernel, 2, {"K": 3}) == {"num_warps": 2}
-    # dx_maxnreg: the input gradient's base convolution only (FLIP, no levels), in place of conv_maxnreg.
+    # dx_maxnreg: the input gradient's base convolution only (FLIP, no levels), 2-byte maps only, in place of
+    # conv_maxnreg; the first argument as a tensor or a dtype (compile_ahead's stand-ins).
     monkeypatch.setattr(tk, "TUNING", {**tk.TUNING, "conv_maxnreg": 0, "dx_maxnreg": 160})
     dx = {"K": 5, "FLIP": True, "LEVELS": 0}
-    assert tk.launch_options(tk._conv_kernel, 4, dx) == {"num_warps": 4, "maxnreg": 160}
-    assert tk.launch_options(tk._conv_kernel, 4, {**dx, "FLIP": False}) == {"num_warps": 4}
-    assert tk.launch_options(tk._conv_kernel, 4, {**dx, "LEVELS": 3}) == {"num_warps": 4}
-    assert tk.launch_options(tk._conv_kernel, 4, {**dx, "K": 7}) == {"num_warps": 4}
+    capped = {"num_warps": 4, "maxnreg": 160}
+    assert tk.launch_options(tk._conv_kernel, 4, dx, torch.bfloat16) == capped
+    assert tk.launch_options(tk._conv_kernel, 4, dx, torch.zeros(2, dtype=torch.float16)) == capped
+    assert tk.launch_options(tk._conv_kernel, 4, dx, torch.float32) == {"num_warps": 4}
+    assert tk.launch_options(tk._conv_kernel, 4, dx, buf) == {"num_warps": 4}
+    for other_consts in ({**dx, "FLIP": False}, {**dx, "LEVELS": 3}, {**dx, "K": 7}):
+        assert tk.launch_options(tk._conv_kernel, 4, other_consts, torch.bfloat16) == {"num_warps": 4}
 
 
 def _low_precision_check(shape, dtype):

@@ -107,7 +107,7 @@ def _ready() -> bool:
 def _compile(fn: Any, grid: tuple[int, ...], args: tuple, warps: int, consts: dict, device: int) -> None:
     # A tensor stands in as its dtype (Triton's MockTensor: 16-byte aligned, as submit() requires).
     with torch.cuda.device(device):
-        fn.warmup(*args, grid=grid, **consts, **_tk.launch_options(fn, warps, consts))
+        fn.warmup(*args, grid=grid, **consts, **_tk.launch_options(fn, warps, consts, args[0]))
 
 
 def submit(launches: Sequence[tuple]) -> list[_Pending]:

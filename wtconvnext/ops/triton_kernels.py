@@ -1213,10 +1213,15 @@ TUNING: dict[str, int] = {
     # launches through Inductor (a cap changes no arithmetic, only where values wait), and at K other than 5
     # (_maxnreg).
     "conv_maxnreg": 0, "l1_maxnreg": 0, "wgrad_maxnreg": 168,
-    # dx_maxnreg: a cap for the input gradient's base convolution alone (_conv_kernel with FLIP, no levels), in place
-    # of conv_maxnreg. triton 3.6 (the device image) gives it 182 registers at sm_90, bf16, C = 96, level 1 on load
-    # (11 resident warps an SM) where 3.8 gives 150 and the forward's takes 158 (results/sm90/s53_waste_variants.txt).
-    "dx_maxnreg": 0,
+    # dx_maxnreg: a cap for the input gradient's base convolution alone (_conv_kernel with FLIP, no levels, 2-byte
+    # maps), in place of conv_maxnreg. triton 3.6 (the device image) gives it 203 registers at sm_90, bf16, C = 96,
+    # level 1 on load, paired blocks (9 resident warps an SM; 180 at C = 192), where 3.8 gives 162 and the forward
+    # takes 168; capped at 168 it takes 164 (162) with no local loads, its main loops 411 / 436 -> 409 / 454
+    # instructions (results/sm90/s54_dx_cap.txt). In fp32 the cap spills: not applied. H100, bf16, B=128, one process
+    # (session 54, results/h200/layer_variants.txt): 56 x 56 f+b 1.304 ms against 1.334 (dw7 1.332), the other variants
+    # of that run within 0.003 ms of the default; one row, not yet repeated, 28 x 28 not timed. Under triton 3.8 the
+    # cap does not bind.
+    "dx_maxnreg": 168,
 }
 # The kernels each register cap applies to.
 _MAXNREG_KEYS = {"_conv_kernel": "conv_maxnreg", "_level1_kernel": "l1_maxnreg", "_wgrad_kernel": "wgrad_maxnreg",
@@ -1384,23 +1389,26 @@ def traced_launches() -> Iterator[None]:
         _TRACED.on = was
 
 
-def _maxnreg(fn: Any, consts: dict[str, object]) -> int:
-    """The TUNING register cap of ``fn`` specialised with ``consts`` (0: none)."""
+def _maxnreg(fn: Any, consts: dict[str, object], first: Any = None) -> int:
+    """The TUNING register cap of ``fn`` specialised with ``consts`` (0: none); ``first``: the launch's first
+    argument (a tensor, or a dtype standing in for one), whose element size dx_maxnreg reads."""
     key = _MAXNREG_KEYS.get(fn.__name__)
     # Only the kernel size the caps were timed at: at K = 7 the pair walk needs 255 registers uncapped and 168 spills
     # 145-194 values a row in its main loops; at K = 3 it needs 138, and under a cap of 168 ptxas takes 168, leaving
     # fewer warps resident (results/sm90/s51_wgrad_cap.txt).
     if key is None or consts.get("K") != _MAXNREG_K:
         return 0
-    if key == "conv_maxnreg" and consts.get("FLIP") and not consts.get("LEVELS") and TUNING["dx_maxnreg"]:
+    # dx_maxnreg: 2-byte maps only (in fp32 a cap of 168 spills 17-25 values a row: results/sm90/s54_dx_cap.txt).
+    if (key == "conv_maxnreg" and consts.get("FLIP") and not consts.get("LEVELS") and TUNING["dx_maxnreg"]
+            and getattr(getattr(first, "dtype", first), "itemsize", 0) == 2):
         return TUNING["dx_maxnreg"]
     return TUNING[key]
 
 
-def launch_options(fn: Any, warps: int, consts: dict[str, object]) -> dict[str, int]:
+def launch_options(fn: Any, warps: int, consts: dict[str, object], first: Any = None) -> dict[str, int]:
     """The Triton launch options of ``fn`` specialised with ``consts``: its warps, and its TUNING register cap where
-    one applies."""
-    regs = _maxnreg(fn, consts)
+    one applies (``first``: the launch's first argument, a tensor or its dtype)."""
+    regs = _maxnreg(fn, consts, first)
     return {"num_warps": warps, "maxnreg": regs} if regs else {"num_warps": warps}
 
 
@@ -1422,7 +1430,7 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
         return
     rec = _plan.recording()
     if not _FAST_LAUNCH:
-        opts = launch_options(fn, warps, consts)
+        opts = launch_options(fn, warps, consts, args[0])
         fn[grid](*args, **consts, **opts)
         if rec is not None:
             rec.launch(functools.partial(fn[grid], **consts, **opts), args)
@@ -1434,7 +1442,7 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
             pending = _PENDING.pop(key, None)
             if pending is not None:  # compiled ahead (maybe still compiling): Triton's launch then finds it
                 pending.wait()
-        opts = launch_options(fn, warps, consts)  # (Triton's launch compiles or finds the kernel: not per kept launch)
+        opts = launch_options(fn, warps, consts, args[0])  # (Triton's launch compiles or finds the kernel: not per kept launch)
         kernel = fn[grid](*args, **consts, **opts)
         if not all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata", "__getitem__")):
             _FAST_LAUNCH = False  # a Triton whose launch returns something else: stay on its path
@@ -1488,7 +1496,7 @@ def kept_key(fn: Any, args: tuple, warps: int, consts: dict[str, object], device
     cvals = tuple(consts.values())
     # A pointer's low four bits: zero for 16-byte aligned (what Triton specialises on), else kept (a finer key).
     # A register cap is another compile.
-    key = (id(fn), device, warps, _maxnreg(fn, consts), cvals,
+    key = (id(fn), device, warps, _maxnreg(fn, consts, args[0]), cvals,
            *[(a.dtype, a.data_ptr() & 15) if isinstance(a, Tensor) else a for a in args])
     return key, cvals
 
