@@ -25,6 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import gpu_env, report, tuning_entries, with_entries, write_json, wtconv_inputs  # noqa: E402
+from wtconvnext.ops import launch_plan  # noqa: E402
 from wtconvnext.ops import triton_kernels as tk  # noqa: E402
 from wtconvnext.ops import wtconv2d  # noqa: E402
 
@@ -188,11 +189,19 @@ def main(argv=None) -> int:
             for name, (fwd, fwdbwd, _) in sorted(cases.items(), key=lambda kv: not kv[0].startswith("dw")):
                 if (args.quick and name == "wtconv_reference") or (args.impls and name not in args.impls):
                     continue
+                before = launch_plan.graph_stats()
                 fwdbwd()  # compile / autotune outside the timing
                 row = dict(dtype=dname, B=b, C=c, H=h, W=w, levels=levels, impl=name,
                            fwd_ms=_bench(fwd, rep=rep), fwdbwd_ms=_bench(fwdbwd, rep=rep), peak_mb=_peak_mb(fwdbwd))
                 rows.append(row)
                 print(row_line(row), flush=True)
+                if name.startswith("wtconv_triton"):
+                    # Graph mode over the row (launch_plan.graph_stats): passes launched without a graph beyond
+                    # the first sights are pointer sets that did not settle (a suspect for session 53's and 54's
+                    # slow first rows at 7 x 7).
+                    after = launch_plan.graph_stats()
+                    row["graphs"] = {k: after[k] - before[k] for k in ("captures", "dropped", "misses", "closed")}
+                    print(f"  graph mode over the row: {row['graphs']}, plans {after['plans']}", flush=True)
                 # After every row: a run cut by a time limit keeps what it timed (a shape's rows can take minutes
                 # of compiles: session 48's call lost every row of its first shape).
                 write_table(args.out, env, rows, quiet=True)

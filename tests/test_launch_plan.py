@@ -195,6 +195,7 @@ def test_graph_mode_replays_a_captured_graph_per_pointer_set(monkeypatch):
     monkeypatch.setattr(launch_plan, "DIRECT", True)
     monkeypatch.setattr(launch_plan, "GRAPHS", True)
     monkeypatch.setattr(launch_plan, "_MAX_GRAPHS", 2)
+    monkeypatch.setattr(launch_plan, "_PLANS", {})
     kernels = {name: _FakeCompiled(calls, name) for name in ("k0", "k1")}
 
     class Graph:
@@ -250,6 +251,10 @@ def test_graph_mode_replays_a_captured_graph_per_pointer_set(monkeypatch):
         assert replay(x4, w) == direct
     assert replay(x2, w) == direct
     assert replay(x3, w) == replayed and replay(x, w) == replayed  # the graphs it has still replay
+    # What graph_stats sums over the calls above: 10 passes launched without a graph (6 first sights or sights
+    # inside a capture, then 4 after the plan closed), 4 captures, 2 dropped, so this plan captures no more.
+    assert launch_plan.graph_stats() == dict(plans=1, graph_plans=1, graphs=2, captures=4, dropped=2, misses=10,
+                                             closed=1)
 
 
 def test_direct_replay_puts_intermediates_in_one_workspace(monkeypatch):

@@ -59,7 +59,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["ENABLED", "DIRECT", "WORKSPACE", "GRAPHS", "empty", "view", "planned", "recording", "clear",
-           "use_direct", "use_graphs"]
+           "use_direct", "use_graphs", "graph_stats"]
 
 ENABLED = os.environ.get("WTCONVNEXT_LAUNCH_PLANS", "1") != "0"
 DIRECT = os.environ.get("WTCONVNEXT_DIRECT_LAUNCH", "1") != "0"
@@ -158,6 +158,7 @@ class _Plan:
             for slot in frees.get(i, ()):
                 self.ops.append((_FREE, slot))
         self.n, self.outs = n, outs
+        self.graph_state: Optional[tuple[dict, list[int]]] = None  # graph mode: (its graphs, its counts)
         self._run = self._compiled(n_in, direct=False)
         if DIRECT and _direct_env is not None and any(op[0] == _LAUNCH and op[4] is not None for op in self.ops):
             self._run = self._compiled(n_in, direct=True, runners=self._run)
@@ -240,7 +241,8 @@ class _Plan:
             else:
                 lines.append(f"    {names[op[1]]} = None")
         if graphs:
-            env["_graphs"], env["_seen"], env["_dropped"], env["_graph_miss"] = {}, {}, [0], _graph_miss
+            env["_graphs"], env["_seen"], env["_counts"], env["_graph_miss"] = {}, {}, [0, 0, 0], _graph_miss
+            self.graph_state = (env["_graphs"], env["_counts"])  # (graph_stats)
             env["_capturing"] = _graph_env[1]  # type: ignore[index]
             # The key: every pointer the launches take (the workspace's buffers by its own pointer).
             key = (["pa"] if arena_made else []) + [f"p{s}" for s in sorted(pointers) if s not in offsets]
@@ -251,7 +253,7 @@ class _Plan:
                       "    else:",
                       "        def launches(st):",
                       *(f"            {c}" for c in deferred),
-                      "        _graph_miss(_graphs, _seen, _dropped, key, launches, st)"]
+                      "        _graph_miss(_graphs, _seen, _counts, key, launches, st)"]
         lines.append(f"    return ({''.join(('None' if s < 0 else names[s]) + ', ' for s in self.outs)})")
         exec(compile("\n".join(lines), "<launch plan>", "exec"), env)  # noqa: S102 (our own generated source)
         return env["run"]
@@ -350,18 +352,20 @@ def use_graphs(capture: Callable[[Callable[[int], None]], Any], capturing: Calla
     _graph_env = (capture, capturing)
 
 
-def _graph_miss(graphs: dict, seen: dict, dropped: list[int], key: tuple, launches: Callable[[int], None],
+def _graph_miss(graphs: dict, seen: dict, counts: list[int], key: tuple, launches: Callable[[int], None],
                 stream: int) -> None:
     """A graph-mode pass whose pointers have no graph: launch, or capture and replay the second time ``key`` is
-    seen. ``dropped[0]``: graphs this plan has dropped for newer ones; from ``_MAX_GRAPHS`` on it captures no more
-    (a workload cycling through more pointer sets than a plan keeps would otherwise capture on every other call:
-    each capture costs more host time than the launches it saves), replaying the graphs it has."""
+    seen. ``counts``: [graphs this plan has dropped for newer ones, passes it launched without a graph, captures];
+    from ``_MAX_GRAPHS`` drops on it captures no more (a workload cycling through more pointer sets than a plan
+    keeps would otherwise capture on every other call: each capture costs more host time than the launches it
+    saves), replaying the graphs it has."""
     capture, capturing = _graph_env  # type: ignore[misc]
     n = seen.get(key, 0) + 1
-    if n < 2 or capturing() or dropped[0] >= _MAX_GRAPHS:
+    if n < 2 or capturing() or counts[0] >= _MAX_GRAPHS:
         if len(seen) >= 4 * _MAX_GRAPHS:  # keys seen once: bounded
             seen.clear()
         seen[key] = n
+        counts[1] += 1
         launches(stream)
         return
     seen.pop(key, None)
@@ -369,11 +373,13 @@ def _graph_miss(graphs: dict, seen: dict, dropped: list[int], key: tuple, launch
         g = capture(launches)
     except Exception:  # noqa: BLE001 - a capture the driver refuses: launch as usual, never capture this key
         seen[key] = -(1 << 30)
+        counts[1] += 1
         launches(stream)
         return
+    counts[2] += 1
     if len(graphs) >= _MAX_GRAPHS:
         graphs.pop(next(iter(graphs)))  # the oldest
-        dropped[0] += 1
+        counts[0] += 1
     graphs[key] = g
     g.replay()
 
@@ -475,6 +481,29 @@ def planned(key: Optional[tuple], fn: Callable[..., Sequence[Optional[Tensor]]],
         _STATE.rec = None
     if len(_PLANS) < _MAX_PLANS:
         _PLANS[key] = rec.finish(out)
+    return out
+
+
+def graph_stats() -> dict[str, int]:
+    """Graph mode's state summed over every plan: ``plans`` (replayable ones), ``graph_plans`` (those in graph
+    mode), ``graphs`` (held now), ``captures``, ``dropped`` (for newer ones), ``misses`` (passes launched without a
+    graph: pointers seen for the first time, a capture in progress, or a plan that captures no more) and ``closed``
+    (plans that have dropped ``_MAX_GRAPHS`` and capture no more). For benchmarks: a step that should replay graphs
+    and shows misses growing has pointer sets that do not settle."""
+    out = dict(plans=0, graph_plans=0, graphs=0, captures=0, dropped=0, misses=0, closed=0)
+    for plan in list(_PLANS.values()):
+        if plan is None:
+            continue
+        out["plans"] += 1
+        if plan.graph_state is None:
+            continue
+        graphs, (dropped, misses, captures) = plan.graph_state
+        out["graph_plans"] += 1
+        out["graphs"] += len(graphs)
+        out["captures"] += captures
+        out["dropped"] += dropped
+        out["misses"] += misses
+        out["closed"] += dropped >= _MAX_GRAPHS
     return out
 
 
