@@ -9,7 +9,7 @@ A fresh GPU machine compiles every kernel specialisation on its host the first t
 it (a stage shape's kernels took more than 100 s on the H200 machine's host, one process), so benchmarks spent
 their time limits compiling. Triton's on-disk cache is shared between processes and written atomically: this runs
 one forward + backward (``train``) and one forward without autograd (``infer``) per case in a pool of processes,
-after which every benchmark process finds its kernels compiled. Cases: every WTConvNeXt-T stage shape (C, H, L)
+after which every benchmark process finds its kernels compiled. Cases: WTConvNeXt-T's stage shapes (C, H, L; 4: stage 1 at 512²)
 x batch x dtype (``amp``: fp32 tensors under bf16 autocast, as the model benchmarks run) x tuning variant
 (``default`` and each ``--variants`` entry, ``key=value[,key=value]`` of ``triton_kernels.TUNING``), channels-last.
 Prints one line per case with its wall time; the exit status is 1 when a case failed.
@@ -23,7 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-STAGES = [(96, 56, 5), (192, 28, 4), (384, 14, 3), (768, 7, 2)]  # C, H (= W), levels of WTConvNeXt-T
+# C, H (= W), levels: WTConvNeXt-T's stages at 224 x 224, then its first stage at 512 x 512 (bench_layer.py's
+# dense-prediction shape, run there at B=16: --stages 4 --batches 16)
+STAGES = [(96, 56, 5), (192, 28, 4), (384, 14, 3), (768, 7, 2), (96, 128, 5)]
 
 
 def _run_case(case: tuple[int, int, int, int, str, str, str]) -> tuple[str, float, str]:
@@ -67,7 +69,7 @@ def _group_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 128])
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32", "amp"], choices=["bf16", "fp32", "amp"])
-    ap.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2, 3])
+    ap.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2, 3], choices=range(len(STAGES)))
     ap.add_argument("--modes", nargs="+", default=["train", "infer"], choices=["train", "infer"])
     ap.add_argument("--variants", nargs="*", default=[], help="TUNING entries, e.g. wgrad_pair=1 (plus the default)")
     return ap

@@ -114,8 +114,19 @@ if [[ "$what" == *variants* ]]; then
   # wgrad_maxnreg=152.
   vars="${VARIANTS:-conv_pair=1 wgrad_narrow=4 small_narrow=1 wgrad_narrow=4,small_narrow=1 wgrad_inner=1 wgrad_maxnreg=152}"
   vshapes="${VARIANT_SHAPES:-0 1 2 3}"
-  step "${VARIANT_WARM:-300}" variants_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --batches 128 --dtypes bf16 \
-    --stages $vshapes --modes train --variants $vars
+  # (Shape 4, bench_layer's 96 x 128^2 at B=16, is warm_kernels' stage 4 at batch 16.)
+  stages=$(for s in $vshapes; do [[ $s != 4 ]] && echo -n "$s "; done)
+  warm=()
+  [[ -n "$stages" ]] && warm=(--batches 128 --stages $stages)
+  if [[ " $vshapes " == *" 4 "* ]]; then
+    if [[ -z "$stages" ]]; then
+      warm=(--batches 16 --stages 4)
+    else
+      warm+=("--group=--batches 16 --dtypes bf16 --modes train --stages 4 --variants $vars")
+    fi
+  fi
+  step "${VARIANT_WARM:-300}" variants_warm.txt "$py" benchmarks/warm_kernels.py --jobs 15 --dtypes bf16 --modes train \
+    --variants $vars "${warm[@]}"
   step 300 variants_layer.txt "$py" benchmarks/bench_layer.py --quick --dtypes bf16 --shapes $vshapes \
     --variants $vars --impls wtconv_triton_cl $(printf 'wtconv_triton_cl+%s ' $vars) dw7_cl \
     --out "$out/variants_layer.json"
