@@ -1198,7 +1198,9 @@ TUNING: dict[str, int] = {
     # 56 x 56. H100, bf16, B=128 (session 53, results/h200/variants*.txt): the pair walk 0.064 ms against 0.090 at
     # 7 x 7 and 0.099 against 0.106 at 14 x 14 by the profiler; f+b wall 0.375 against 0.387 ms at 14 x 14, and
     # with small_narrow 0.372 / 0.223 against 0.387 / 0.246 at 14 / 7 (dw7 0.397 / 0.255); alone at 7 x 7 one row
-    # read 0.322 ms, unexplained (its kernels were compiled beforehand; not repeated). 0: off.
+    # read 0.322 ms. Session 54 (results/h200/layer_variants.txt, one process): 7 x 7 0.216 ms against 0.243 with
+    # wgrad_narrow=0, 14 x 14 0.373 against 0.383; a process's first WTConv row at 7 x 7 read 0.37 there, so session
+    # 53's 0.322 fits a first-row effect (bench_layer.py now prints graph mode's counts per row). 0: off.
     "wgrad_narrow": 4,
     # conv_maxnreg / l1_maxnreg / wgrad_maxnreg: a register cap per thread (ptxas's maxrregcount, Triton's launch
     # option maxnreg) for _conv_kernel, _level1_kernel and the weight-gradient walks; 0: the compiler's choice. These
