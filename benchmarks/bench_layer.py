@@ -201,7 +201,9 @@ def main(argv=None) -> int:
                     # slow first rows at 7 x 7).
                     after = launch_plan.graph_stats()
                     row["graphs"] = {k: after[k] - before[k] for k in ("captures", "dropped", "misses", "closed")}
-                    print(f"  graph mode over the row: {row['graphs']}, plans {after['plans']}", flush=True)
+                    # (plans not in graph mode, graph_plans < plans, replay their launches one by one.)
+                    print(f"  graph mode over the row: {row['graphs']}; plans {after['plans']}, in graph mode "
+                          f"{after['graph_plans']}, graphs held {after['graphs']}", flush=True)
                 # After every row: a run cut by a time limit keeps what it timed (a shape's rows can take minutes
                 # of compiles: session 48's call lost every row of its first shape).
                 write_table(args.out, env, rows, quiet=True)
