@@ -9,9 +9,10 @@ A fresh GPU machine compiles every kernel specialisation on its host the first t
 it (a stage shape's kernels took more than 100 s on the H200 machine's host, one process), so benchmarks spent
 their time limits compiling. Triton's on-disk cache is shared between processes and written atomically: this runs
 one forward + backward (``train``) and one forward without autograd (``infer``) per case in a pool of processes,
-after which every benchmark process finds its kernels compiled. Cases: WTConvNeXt-T's stage shapes (C, H, L; 4: stage 1 at 512²)
-x batch x dtype (``amp``: fp32 tensors under bf16 autocast, as the model benchmarks run) x tuning variant
-(``default`` and each ``--variants`` entry, ``key=value[,key=value]`` of ``triton_kernels.TUNING``), channels-last.
+after which every benchmark process finds its kernels compiled. Cases: WTConvNeXt-T's stage shapes (C, H, L; stage
+4: the first stage at 512²) x batch x dtype (``amp``: fp32 tensors under bf16 autocast, as the model benchmarks
+run) x tuning variant (``default`` and each ``--variants`` entry, ``key=value[,key=value]`` of
+``triton_kernels.TUNING``), channels-last.
 Prints one line per case with its wall time; the exit status is 1 when a case failed.
 """
 

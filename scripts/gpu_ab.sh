@@ -109,11 +109,10 @@ if [[ "$what" == *variants* ]]; then
   # the defaults: split it over two calls with VARIANT_SHAPES. Timed before (results/h200/summary.md): session
   # 50 the level-1 kernel's instruction cuts and unrolled convolution rows (reverted), session 51 the register caps
   # (wgrad_maxnreg 168 the default since; conv_maxnreg 128 and l1_maxnreg 144 lost 3-10 %), session 52 l1_half
-  # (removed). Untimed: wgrad_narrow (the level walks' narrow strips: 41 % / 16 % fewer multiply-adds in the pair
-  # walk at 7^2 / 14^2), small_narrow (the one-launch pass's narrow last strips), conv_pair (two images in the
-  # base convolution's half-empty last channel block: 56^2), wgrad_inner (the walks' mask-free unrolled rows),
-  # wgrad_maxnreg=152.
-  vars="${VARIANTS:-conv_pair=1 wgrad_narrow=4 small_narrow=1 wgrad_narrow=4,small_narrow=1 wgrad_inner=1 wgrad_maxnreg=152}"
+  # (removed), session 53 conv_pair and wgrad_narrow (the defaults since; small_narrow mixed, wgrad_inner and
+  # wgrad_maxnreg=152 slower), session 54 dx_maxnreg=168 (the default since: one row). The default list switches
+  # the newer defaults off again, against the default, and repeats the mixed ones.
+  vars="${VARIANTS:-conv_pair=0 wgrad_narrow=0 small_narrow=1 dx_maxnreg=0 wgrad_inner=1}"
   vshapes="${VARIANT_SHAPES:-0 1 2 3}"
   # (Shape 4, bench_layer's 96 x 128^2 at B=16, is warm_kernels' stage 4 at batch 16.)
   stages=$(for s in $vshapes; do [[ $s != 4 ]] && echo -n "$s "; done)

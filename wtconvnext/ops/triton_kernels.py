@@ -1229,12 +1229,13 @@ TUNING: dict[str, int] = {
 _MAXNREG_KEYS = {"_conv_kernel": "conv_maxnreg", "_level1_kernel": "l1_maxnreg", "_wgrad_kernel": "wgrad_maxnreg",
                  "_wgrad_pair_kernel": "wgrad_maxnreg"}
 _MAXNREG_K = 5  # the kernel size the caps apply to (_maxnreg)
+# Every register-cap key: the families' and dx_maxnreg (a part of _conv_kernel's family, _maxnreg).
+_CAP_KEYS = (*dict.fromkeys(_MAXNREG_KEYS.values()), "dx_maxnreg")
 # 0 .. the value, not sizes
 _MODE_KEYS = {"syn1": 1, "wgrad_unroll": 1, "wgrad_pair": 1, "syn1_ahead": 2, "l1_onload": 1, "wgrad_inner": 1,
               "small_narrow": 1, "conv_pair": 1}
 # 0 turns the path off (conv_base_bc: the rule; the register caps: the compiler's choice)
-_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc", "conv_maxnreg", "l1_maxnreg", "wgrad_maxnreg", "wgrad_narrow",
-              "dx_maxnreg")
+_ZERO_KEYS = ("small_max", "chunk_kb", "conv_base_bc", "wgrad_narrow", *_CAP_KEYS)
 _POW2_KEYS = ("conv_bc", "conv_base_bc", "wgrad_bc", "patch_chunk", "patch_bc", "small_bc", "small_chunk", "pgrad_bc",
               "l1_bc")
 
@@ -1258,7 +1259,7 @@ def _tuning_from_env() -> None:
     for key in _POW2_KEYS:
         if key in values and values[key] & (values[key] - 1):
             raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: {key} must be a power of two, got {values[key]}")
-    for key in sorted({*_MAXNREG_KEYS.values(), "dx_maxnreg"} & set(values)):
+    for key in sorted(set(_CAP_KEYS) & set(values)):
         if values[key] and not (24 <= values[key] <= 255 and values[key] % 8 == 0):
             raise RuntimeError(f"WTCONVNEXT_TUNING={path!r}: {key} must be 0 or a multiple of 8 in 24 .. 255 "
                                f"(registers per thread), got {values[key]}")
@@ -1444,7 +1445,8 @@ def _launch(fn, grid: tuple[int, ...], args: tuple, warps: int, **consts: object
             pending = _PENDING.pop(key, None)
             if pending is not None:  # compiled ahead (maybe still compiling): Triton's launch then finds it
                 pending.wait()
-        opts = launch_options(fn, warps, consts, args[0])  # (Triton's launch compiles or finds the kernel: not per kept launch)
+        # (Triton's launch compiles or finds the kernel: not per kept launch)
+        opts = launch_options(fn, warps, consts, args[0])
         kernel = fn[grid](*args, **consts, **opts)
         if not all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata", "__getitem__")):
             _FAST_LAUNCH = False  # a Triton whose launch returns something else: stay on its path
